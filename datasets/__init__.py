@@ -1,0 +1,1 @@
+"""wmcheck.datasets."""
