@@ -1,0 +1,76 @@
+"""Training configuration: `TrainConfig` (optimiser, batches, schedule, devices) and `RunConfig`.
+
+The resolved `RunConfig` (world model + training) is written as RUNDIR/config.json and inside every
+checkpoint; a resumed run must match it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from wmcheck.worldmodel.config import WorldModelConfig
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "debug"
+    """World-model size preset (see wmcheck.worldmodel.config.PRESETS)."""
+    max_steps: int = 2000
+    """Optimiser steps."""
+    batch_size: int = 16
+    """Sequences per batch B (reference 16)."""
+    seq_len: int = 64
+    """Steps per sequence T (reference 64; every window starts from the zero state, replay_context=0)."""
+    lr: float = 4e-5
+    """Reference learning rate. Offline training on small logs often profits from more (e.g. 3e-4)."""
+    warmup: int = 1000
+    """Linear learning-rate warm-up in optimiser steps (reference 1000)."""
+    agc: float = 0.3
+    eps: float = 1e-20
+    seed: int = 0
+    val_fraction: float = 0.2
+    """Fraction of episodes held out (episode-level, deterministic) for val/* and openloop/*."""
+    val_every: int = 500
+    """Optimiser steps between validation + open-loop evaluations."""
+    val_batches: int = 4
+    ckpt_every: int = 200
+    """Optimiser steps between resumable checkpoints (RUNDIR/checkpoints/last.ckpt)."""
+    log_every: int = 25
+    openloop_context: int = 16
+    openloop_horizons: tuple[int, ...] = (1, 4, 16, 64)
+    openloop_windows: int = 16
+    """Number of held-out windows evaluated open-loop at each validation."""
+    accelerator: str = "auto"
+    devices: str = "auto"
+    strategy: str = "auto"
+    precision: str = "auto"
+    """"auto": bf16-mixed on CUDA GPUs (norms, softmax and losses stay fp32), 32-true elsewhere."""
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.openloop_horizons, list):
+            self.openloop_horizons = tuple(self.openloop_horizons)
+        for name in ("max_steps", "batch_size", "seq_len", "val_every", "ckpt_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.openloop_context < 1:
+            raise ValueError("openloop_context must be >= 1")
+
+
+@dataclass
+class RunConfig:
+    model: WorldModelConfig = field(default_factory=WorldModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model.to_dict(), "train": dataclasses.asdict(self.train)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        return cls(WorldModelConfig.from_dict(d["model"]), TrainConfig(**d["train"]))

@@ -1,0 +1,143 @@
+"""The Lightning data module over a wmcheck log: split, normalise, sample training windows.
+
+Owns: validating the log before training (errors become one UserError listing every problem),
+the deterministic episode-level split, fitting the normaliser once on the training episodes,
+an endless stream of random training windows (B, T) in DreamerV3's alignment, a fixed set of
+validation windows, and the held-out windows used for `openloop/*`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from wmcheck.datasets.logformat import open_log
+from wmcheck.datasets.normalize import Normalizer
+from wmcheck.datasets.split import split_episodes
+from wmcheck.datasets.validate import validate_log
+from wmcheck.datasets.windows import Batch, WindowSampler
+from wmcheck.scripts.errors import UserError
+from wmcheck.training.config import TrainConfig
+
+
+def batch_to(batch: Batch, device) -> Batch:
+    """Move a tensor Batch to `device`."""
+    return Batch(*(getattr(batch, f).to(device) for f in ("obs", "prev_action", "prev_input", "reward",
+                                                           "is_first", "is_last", "is_terminal")),
+                 images={k: v.to(device) for k, v in batch.images.items()})
+
+
+def stack_batches(batches: list[Batch]) -> Batch:
+    fields = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
+    return Batch(*(np.concatenate([getattr(b, f) for b in batches]) for f in fields),
+                 images={k: np.concatenate([b.images[k] for b in batches]) for k in batches[0].images})
+
+
+class _RandomWindows(IterableDataset):
+    """Endless random windows. The RNG is seeded from (seed, rank, start step), so a resumed run
+    draws new windows rather than replaying the ones seen before the kill."""
+
+    def __init__(self, sampler: WindowSampler, batch_size: int, seed: int):
+        self.sampler, self.batch_size, self.seed = sampler, batch_size, seed
+        self.start_step = 0
+        self.rank = 0
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.rank, self.start_step])
+        while True:
+            yield self.sampler.sample(rng, self.batch_size).to_torch()
+
+
+class LogDataModule(L.LightningDataModule):
+    def __init__(self, log_path: str | os.PathLike, train: TrainConfig):
+        super().__init__()
+        self.log_path = Path(log_path)
+        self.cfg = train
+        self.normalizer: Normalizer | None = None
+        self.train_ids: list[int] = []
+        self.val_ids: list[int] = []
+        self.channels: dict = {}
+        self._train_sampler = self._val_sampler = None
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return self.normalizer.dims
+
+    @property
+    def has_validation(self) -> bool:
+        return self._val_sampler is not None
+
+    def prepare(self) -> None:
+        """Validate, split and fit the normaliser (runs in the main process, before the Trainer)."""
+        report = validate_log(self.log_path)
+        if not report.ok:
+            errors = [f for f in report.findings if f.severity == "error"]
+            listing = "; ".join(f.message for f in errors[:10]) + (f"; ... {len(errors) - 10} more" if len(errors) > 10 else "")
+            raise UserError(f"{self.log_path} has {len(errors)} problem(s): {listing}",
+                            f"run `wmcheck validate {self.log_path}` for the full list and fix or re-import the log")
+        c = self.cfg
+        with open_log(self.log_path) as log:
+            meta = log.meta
+            ids = log.episode_ids
+            self.train_ids, self.val_ids = split_episodes(ids, c.val_fraction, c.seed)
+            self.normalizer = Normalizer.fit(log.episodes(self.train_ids), meta)
+            val_steps = sum(log.num_steps(i) + 1 for i in self.val_ids)
+        self.channels = {"observation_names": self.normalizer.names["obs"],
+                         "action_names": self.normalizer.names["action"],
+                         "input_names": self.normalizer.names["input"],
+                         "units": dict(meta.units), "dt": meta.dt, "source": meta.source}
+        self._train_sampler = WindowSampler(self.log_path, self.train_ids, self.normalizer, c.seq_len)
+        if self.val_ids and val_steps >= c.seq_len:
+            self._val_sampler = WindowSampler(self.log_path, self.val_ids, self.normalizer, c.seq_len)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.normalizer is None:
+            self.prepare()
+
+    def train_dataloader(self):
+        ds = _RandomWindows(self._train_sampler, self.cfg.batch_size, self.cfg.seed)
+        if self.trainer is not None:
+            ds.start_step = self.trainer.global_step
+            ds.rank = self.trainer.global_rank
+        return DataLoader(ds, batch_size=None, num_workers=0)
+
+    def val_dataloader(self):
+        if self._val_sampler is None:
+            return []
+        rng = np.random.default_rng([self.cfg.seed, 12345])  # the same validation windows every time
+        batches = [self._val_sampler.sample(rng, self.cfg.batch_size).to_torch() for _ in range(self.cfg.val_batches)]
+        return DataLoader(batches, batch_size=None, num_workers=0)
+
+    def openloop_sequence(self, windows: int | None = None, length: int | None = None) -> Batch | None:
+        """Held-out windows lying inside single validation episodes (no episode start inside),
+        of length context + max horizon (shortened to what the episodes allow)."""
+        if not self.val_ids:
+            return None
+        c = self.cfg
+        windows = windows or c.openloop_windows
+        length = length or (c.openloop_context + max(c.openloop_horizons))
+        sampler = self._val_sampler or WindowSampler(self.log_path, self.val_ids, self.normalizer, 1)
+        episodes = [b for b in sampler.episodes() if b.obs.shape[1] > c.openloop_context + 1]
+        if not episodes:
+            return None
+        length = min(length, max(b.obs.shape[1] for b in episodes))
+        usable = [b for b in episodes if b.obs.shape[1] >= length]
+        rng = np.random.default_rng([c.seed, 777])
+        picks = []
+        for k in range(windows):
+            b = usable[k % len(usable)]
+            start = int(rng.integers(0, b.obs.shape[1] - length + 1))
+            picks.append(_slice(b, start, start + length))
+        return stack_batches(picks).to_torch()
+
+
+def _slice(b: Batch, start: int, stop: int) -> Batch:
+    fields = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
+    out = Batch(*(getattr(b, f)[:, start:stop].copy() for f in fields),
+                images={k: v[:, start:stop] for k, v in b.images.items()})
+    out.is_first[:, 0] = True
+    return out

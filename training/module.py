@@ -1,0 +1,108 @@
+"""The Lightning module: one optimiser step of the world model, its logging and its checkpoints.
+
+Owns: manual optimisation with `LaProp` (so the optimiser's own statistics can be logged under
+`train/opt/*`), the fixed TensorBoard namespaces (`train/loss/*`, `train/kl/*`, `train/entropy/*`,
+`train/opt/*`, `val/*`, `openloop/*`), the open-loop evaluation at each validation, and what a
+checkpoint carries besides Lightning's own state (the resolved config, normalisation statistics,
+channel names and the training-data hash, all as JSON strings).
+"""
+from __future__ import annotations
+
+import json
+
+import lightning as L
+import numpy as np
+import torch
+
+from wmcheck.training.config import RunConfig
+from wmcheck.training.openloop import channel_figure, evaluate_openloop
+from wmcheck.training.optim import LaProp
+from wmcheck.worldmodel import WorldModel
+
+
+class WorldModelModule(L.LightningModule):
+    def __init__(self, run_config: RunConfig, normalizer: dict | None = None, channels: dict | None = None,
+                 data_hash: str = ""):
+        super().__init__()
+        self.run_config = run_config
+        self.model = WorldModel(run_config.model)
+        self.normalizer = normalizer or {}
+        self.channels = channels or {}
+        self.data_hash = data_hash
+        self.automatic_optimization = False
+        self._openloop_seq = None  # set by the data module: held-out windows for openloop/*
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self):
+        t = self.run_config.train
+        return LaProp(self.model.parameters(), lr=t.lr, eps=t.eps, agc=t.agc, warmup=t.warmup)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        out = self.model.loss(batch)
+        opt.zero_grad(set_to_none=True)
+        self.manual_backward(out.loss)
+        opt.step()
+        t = self.run_config.train
+        if self.global_step % t.log_every == 0 or self.global_step == 1:
+            logs = {f"train/{k}": v for k, v in out.metrics.items()}
+            inner = opt.optimizer if hasattr(opt, "optimizer") else opt
+            for k, v in inner.last_stats.items():
+                logs[f"train/opt/{k}"] = torch.tensor(v)
+            group = inner.param_groups[0]
+            logs["train/opt/lr"] = torch.tensor(inner.current_lr(group, self.global_step))
+            self.log_dict(logs, on_step=True, on_epoch=False, prog_bar=False, batch_size=batch.obs.shape[0])
+        self.log("loss", out.metrics["loss/total"], prog_bar=True, on_step=True, on_epoch=False, logger=False)
+        return out.loss.detach()
+
+    # ------------------------------------------------------------------ validation
+    def validation_step(self, batch, batch_idx):
+        out = self.model.loss(batch)
+        logs = {f"val/{k}": v for k, v in out.metrics.items()}
+        self.log_dict(logs, on_step=False, on_epoch=True, batch_size=batch.obs.shape[0], sync_dist=True)
+
+    def on_validation_epoch_end(self):
+        if self._openloop_seq is None or not self.trainer.is_global_zero or self.trainer.sanity_checking:
+            return
+        t = self.run_config.train
+        from wmcheck.training.datamodule import batch_to
+
+        seq = batch_to(self._openloop_seq, self.device)
+        res = evaluate_openloop(self.model, seq, t.openloop_context, t.openloop_horizons)
+        names = self.channels.get("observation_names") or [f"obs_{i}" for i in range(res.nrmse.shape[1])]
+        logs = {}
+        for i, h in enumerate(res.horizons):
+            if np.isnan(res.nrmse[i]).all():
+                continue
+            logs[f"openloop/nrmse_mean/h{h}"] = float(np.nanmean(res.nrmse[i]))
+            for d, name in enumerate(names):
+                logs[f"openloop/nrmse/{name}/h{h}"] = float(res.nrmse[i, d])
+                if not np.isnan(res.fit[i, d]):
+                    logs[f"openloop/fit/{name}/h{h}"] = float(res.fit[i, d])
+        for d, name in enumerate(names):
+            logs[f"openloop/coverage90/{name}"] = float(res.coverage[d])
+        logs["openloop/coverage90_mean"] = float(res.coverage.mean())
+        self.log_dict(logs, on_step=False, on_epoch=True, rank_zero_only=True, batch_size=1)
+        writer = getattr(self.logger, "experiment", None)
+        if writer is not None and hasattr(writer, "add_figure"):
+            for d, name in enumerate(names[:16]):  # a figure per channel (capped for wide logs)
+                writer.add_figure(f"openloop/{name}", channel_figure(res, d, name), self.global_step)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["wmcheck"] = {
+            "config_json": self.run_config.to_json(),
+            "normalizer_json": json.dumps(self.normalizer, sort_keys=True),
+            "channels_json": json.dumps(self.channels, sort_keys=True),
+            "data_hash": self.data_hash,
+        }
+
+    def on_load_checkpoint(self, checkpoint):
+        stored = checkpoint.get("wmcheck", {})
+        mine = json.loads(self.run_config.to_json())
+        theirs = json.loads(stored.get("config_json", "{}"))
+        # Schedule fields may change on resume (e.g. a larger --max-steps); the model may not.
+        if theirs.get("model") != mine["model"]:
+            raise ValueError("the checkpoint's world-model config differs from this run's")
+        if stored.get("data_hash") and stored["data_hash"] != self.data_hash:
+            raise ValueError("the checkpoint was trained on different data (data hash differs)")

@@ -1,0 +1,124 @@
+"""Configuration of the world model and its named size presets.
+
+Owns `WorldModelConfig` (one dataclass builds the whole model) and `PRESETS`. Sizes follow the
+reference's table (deter / hidden / classes / cnn depth / units; 32 latents and 8 GRU blocks in
+every reference preset). `debug` is ours: small enough to train in seconds on a CPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorldModelConfig:
+    # --- data interface (filled in from the log when training starts) ---
+    obs_dim: int = 0
+    """Vector observation channels D."""
+    action_dim: int = 0
+    """Command channels A (previous action a_{t-1} conditions the dynamics)."""
+    input_dim: int = 0
+    """Exogenous input channels E; conditioned on exactly like actions (concatenated to them)."""
+
+    # --- RSSM (reference section 1) ---
+    deter: int = 512
+    """Size of the deterministic GRU state h."""
+    hidden: int = 64
+    """Width of the core's input projections and of the prior/posterior MLPs."""
+    stoch: int = 32
+    """Number of categorical latents."""
+    classes: int = 4
+    """Classes per categorical latent."""
+    blocks: int = 8
+    """Groups of the block GRU."""
+    dyn_layers: int = 1
+    img_layers: int = 2
+    """Prior MLP depth."""
+    obs_layers: int = 1
+    """Posterior MLP depth."""
+    unimix: float = 0.01
+    ensemble: int = 1
+    """K prior heads sharing the core; their disagreement measures epistemic uncertainty. K=1 is the reference."""
+    bootstrap: bool = True
+    """With K > 1, each head trains on a random half of the sequences of a batch (bootstrap), so
+    heads disagree where data are scarce. Ignored for K=1."""
+    action_scale: float = 3.0
+    """Deviation from the reference, which divides actions by max(1, |a|) assuming actions in
+    [-1, 1]. Our actions and inputs are standardised (z-scores), so we apply that squash to
+    a / action_scale: values within +-3 std pass linearly instead of being clipped at +-1 std."""
+
+    # --- encoder / decoder / heads (reference sections 2-3) ---
+    units: int = 64
+    enc_layers: int = 3
+    dec_layers: int = 3
+    head_layers: int = 1
+    reward_bins: int = 255
+    learn_obs_std: bool = True
+    """Addition to the reference: a per-channel log-std head on stop-gradient features, trained
+    with a Gaussian NLL on the (stop-gradient) reconstruction residual. It leaves the reference's
+    symlog-MSE training untouched and gives the checks a calibrated observation noise."""
+    cont_horizon: float = 333.0
+    """Continue target is (1 - is_terminal) * (1 - 1/horizon) = 0.997 (reference 'contdisc')."""
+
+    # --- loss (reference sections 3-4) ---
+    rec_scale: float = 1.0
+    rew_scale: float = 1.0
+    con_scale: float = 1.0
+    dyn_scale: float = 1.0
+    rep_scale: float = 0.1
+    free_nats: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.deter % self.blocks:
+            raise ValueError(f"deter ({self.deter}) must be divisible by blocks ({self.blocks}); pick a multiple")
+        if self.ensemble < 1:
+            raise ValueError(f"ensemble must be >= 1, got {self.ensemble}")
+        if not 0 <= self.unimix < 1:
+            raise ValueError(f"unimix must be in [0, 1), got {self.unimix}")
+        if self.classes < 2 or self.stoch < 1:
+            raise ValueError("need stoch >= 1 latents with classes >= 2")
+        if self.action_scale <= 0:
+            raise ValueError("action_scale must be positive")
+
+    @property
+    def control_dim(self) -> int:
+        return self.action_dim + self.input_dim
+
+    @property
+    def feat_dim(self) -> int:
+        return self.deter + self.stoch * self.classes
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WorldModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown world-model config keys {sorted(unknown)}: the checkpoint was written by another wmcheck version")
+        return cls(**d)
+
+
+def _preset(deter: int, hidden: int, classes: int, units: int, **kw) -> dict:
+    return dict(deter=deter, hidden=hidden, classes=classes, units=units, **kw)
+
+
+# cnn depth (reference column) is kept for the image encoder of a later issue.
+PRESETS: dict[str, dict] = {
+    "debug": _preset(64, 32, 4, 32, stoch=8, blocks=4),
+    "size1m": _preset(512, 64, 4, 64),
+    "size12m": _preset(2048, 256, 16, 256),
+    "size25m": _preset(3072, 384, 24, 384),
+    "size50m": _preset(4096, 512, 32, 512),
+    "size100m": _preset(6144, 768, 48, 768),
+    "size200m": _preset(8192, 1024, 64, 1024),
+    "size400m": _preset(12288, 1536, 96, 1536),
+}
+CNN_DEPTH = {"debug": 4, "size1m": 4, "size12m": 16, "size25m": 24, "size50m": 32, "size100m": 48, "size200m": 64, "size400m": 96}
+
+
+def preset(name: str, **overrides) -> WorldModelConfig:
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return WorldModelConfig(**{**PRESETS[name], **overrides})

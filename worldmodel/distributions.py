@@ -1,0 +1,99 @@
+"""Distributions and transforms of the reference: symlog, unimix categoricals, two-hot, KL.
+
+Owns: `symlog`/`symexp`; categorical latents with 1% uniform mixing and straight-through
+one-hot samples (onehot + probs - sg(probs), using the *mixed* probs); KL between categoricals;
+the two-hot reward distribution over symexp-spaced bins with targets interpolated in raw space.
+Everything here runs in fp32 regardless of autocast.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def symlog(x: torch.Tensor) -> torch.Tensor:
+    return torch.sign(x) * torch.log1p(torch.abs(x))
+
+
+def symexp(x: torch.Tensor) -> torch.Tensor:
+    return torch.sign(x) * torch.expm1(torch.abs(x))
+
+
+def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
+    """Mix softmax(logits) with a uniform over the last axis; return log of the mixed probs."""
+    probs = F.softmax(logits.float(), -1)
+    if unimix > 0:
+        probs = (1.0 - unimix) * probs + unimix / probs.shape[-1]
+    return torch.log(probs)
+
+
+def straight_through_sample(log_probs: torch.Tensor, sample: bool = True) -> torch.Tensor:
+    """One-hot sample (or mode) with straight-through gradients through the mixed probs.
+
+    log_probs: (..., S, C) log of unimixed probs. Returns (..., S, C) float32.
+    """
+    probs = log_probs.exp()
+    if sample:
+        flat = probs.reshape(-1, probs.shape[-1])
+        index = torch.multinomial(flat.detach(), 1).reshape(probs.shape[:-1])
+    else:
+        index = probs.argmax(-1)
+    onehot = F.one_hot(index, probs.shape[-1]).to(probs.dtype)
+    return onehot + probs - probs.detach()
+
+
+def categorical_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) summed over classes and latents: (..., S, C) -> (...)."""
+    p = log_p.exp()
+    return (p * (log_p - log_q)).sum((-1, -2))
+
+
+def categorical_entropy(log_p: torch.Tensor) -> torch.Tensor:
+    """Entropy summed over latents: (..., S, C) -> (...)."""
+    return -(log_p.exp() * log_p).sum((-1, -2))
+
+
+class TwoHot:
+    """Two-hot distribution over `bins` = symexp(linspace(-20, 20, n)) (the reference's v2 head).
+
+    The target is interpolated in raw space between neighbouring bins; the mean is sum(p * bins),
+    summed from both ends towards the middle so that large bins do not swamp small ones.
+    """
+
+    def __init__(self, num_bins: int = 255, low: float = -20.0, high: float = 20.0, device=None):
+        self.bins = symexp(torch.linspace(low, high, num_bins, device=device, dtype=torch.float32))  # (K,)
+
+    def to(self, device) -> "TwoHot":
+        self.bins = self.bins.to(device)
+        return self
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """(...,) raw values -> (..., K) two-hot weights (sum 1)."""
+        x = x.float()
+        bins = self.bins
+        below = (bins <= x[..., None]).sum(-1) - 1  # (...,) index of the bin at or below x
+        above = len(bins) - (bins > x[..., None]).sum(-1)  # (...,) index of the bin above x
+        below = below.clamp(0, len(bins) - 1)
+        above = above.clamp(0, len(bins) - 1)
+        equal = below == above
+        dist_below = torch.where(equal, torch.ones_like(x), (bins[below] - x).abs())
+        dist_above = torch.where(equal, torch.ones_like(x), (bins[above] - x).abs())
+        total = dist_below + dist_above
+        w_below = dist_above / total
+        w_above = dist_below / total
+        return F.one_hot(below, len(bins)) * w_below[..., None] + F.one_hot(above, len(bins)) * w_above[..., None]
+
+    def mean(self, logits: torch.Tensor) -> torch.Tensor:
+        """(..., K) logits -> (...,) expected raw value, summed symmetrically."""
+        probs = F.softmax(logits.float(), -1)
+        k = probs.shape[-1]
+        m = (k - 1) // 2
+        p1, p2, p3 = probs[..., :m], probs[..., m : k - m], probs[..., k - m :]
+        b1, b2, b3 = self.bins[:m], self.bins[m : k - m], self.bins[k - m :]
+        lower = (p1 * b1).flip(-1).cumsum(-1)[..., -1] if m else 0.0
+        upper = (p3 * b3).cumsum(-1)[..., -1] if m else 0.0
+        return (p2 * b2).sum(-1) + lower + upper
+
+    def log_prob(self, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy form: sum(twohot(x) * log_softmax(logits)) -> (...,)."""
+        return (self.encode(x) * F.log_softmax(logits.float(), -1)).sum(-1)

@@ -1,0 +1,230 @@
+"""The world model: encoder + RSSM + decoder + reward/continue heads, its loss and its scores.
+
+Owns the public surface the rest of wmcheck uses (names from the reference):
+  - `initial(B)`                    zero carry
+  - `observe(seq, state)`           filter a sequence into posterior states
+  - `imagine(state, actions, inputs)` roll forward under given controls (sampled or mode)
+  - `decode(state)`                 predicted observations (normalised units) with noise scale
+  - `loss(seq)`                     the DreamerV3 world-model objective and metrics
+  - `scores(seq)`                   per-step, per-channel, non-reduced scores for the checks
+  - `openloop(seq, context)`        observe a context, imagine the rest under logged controls
+
+A sequence `seq` is any object with tensor attributes (the training view, already normalised):
+  obs (B, T, D) float, prev_action (B, T, A), prev_input (B, T, E), reward (B, T),
+  is_first / is_last / is_terminal (B, T) bool.
+Observations are modelled in symlog space of the normalised values, as in the reference.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wmcheck.worldmodel.config import WorldModelConfig
+from wmcheck.worldmodel.distributions import TwoHot, categorical_entropy, categorical_kl, symexp, symlog
+from wmcheck.worldmodel.heads import ContinueHead, RewardHead, VectorDecoder, VectorEncoder
+from wmcheck.worldmodel.rssm import RSSM, Observed, State
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+@dataclass
+class LossOut:
+    loss: torch.Tensor  # () total, scale-weighted
+    metrics: dict[str, torch.Tensor]  # scalar tensors keyed "loss/...", "kl/...", "entropy/..."
+    observed: Observed
+    last: State
+
+
+def _control(seq) -> torch.Tensor:
+    return torch.cat([seq.prev_action, seq.prev_input], -1).float()  # (B, T, A+E)
+
+
+def _gauss_nll(y: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    return 0.5 * ((y - mean) * torch.exp(-log_std)).pow(2) + log_std + 0.5 * _LOG_2PI
+
+
+class WorldModel(nn.Module):
+    def __init__(self, cfg: WorldModelConfig):
+        super().__init__()
+        if cfg.obs_dim < 1:
+            raise ValueError("WorldModelConfig.obs_dim must be set from the data (>= 1)")
+        self.cfg = cfg
+        self.encoder = VectorEncoder(cfg)
+        self.rssm = RSSM(cfg, self.encoder.out_dim)
+        self.decoder = VectorDecoder(cfg)
+        self.reward = RewardHead(cfg)
+        self.cont = ContinueHead(cfg)
+        self.twohot = TwoHot(cfg.reward_bins)
+
+    def _apply(self, fn, *args, **kwargs):  # keep the two-hot bins on the module's device
+        out = super()._apply(fn, *args, **kwargs)
+        self.twohot.bins = fn(self.twohot.bins)
+        return out
+
+    # ------------------------------------------------------------------ surface
+    def initial(self, batch_size: int) -> State:
+        return self.rssm.initial(batch_size)
+
+    def observe(self, seq, state: State | None = None, sample: bool = True) -> tuple[Observed, State]:
+        self._check(seq)
+        tokens = self.encoder(seq.obs.float())  # (B, T, units)
+        return self.rssm.observe(tokens, _control(seq), seq.is_first.bool(), state, sample)
+
+    def imagine(self, state: State, prev_action: torch.Tensor, prev_input: torch.Tensor,
+                sample: bool = True, head=None) -> State:
+        """Controls (B, H, A) / (B, H, E) are u_{t0..t0+H-1}; returns states t0+1..t0+H (B, H, ...)."""
+        ctrl = torch.cat([prev_action, prev_input], -1).float()  # (B, H, U)
+        states, _ = self.rssm.imagine(state, ctrl, sample=sample, head=head)
+        return states
+
+    def decode(self, state: State) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (mean, log_std) of symlog(obs) (B, T, D); obs = symexp(mean) in normalised units."""
+        return self.decoder(state.feat())
+
+    @staticmethod
+    def to_obs(symlog_values: torch.Tensor) -> torch.Tensor:
+        return symexp(symlog_values)
+
+    # ------------------------------------------------------------------ loss
+    def loss(self, seq, state: State | None = None) -> LossOut:
+        c = self.cfg
+        obsd, last = self.observe(seq, state)
+        feat = obsd.state.feat()  # (B, T, F)
+        mean, log_std = self.decoder(feat)  # (B, T, D)
+        target = symlog(seq.obs.float())  # (B, T, D)
+        rec = (mean - target).pow(2).sum(-1)  # (B, T)  symlog-MSE summed over channels
+        std_nll = _gauss_nll(target, mean.detach(), log_std).sum(-1) if c.learn_obs_std else torch.zeros_like(rec)
+        rew = -self.twohot.log_prob(self.reward(feat), seq.reward.float())  # (B, T)
+        cont_target = (1.0 - seq.is_terminal.float()) * (1.0 - 1.0 / c.cont_horizon)
+        con = F.binary_cross_entropy_with_logits(self.cont(feat), cont_target, reduction="none")  # (B, T)
+
+        post = obsd.post_logp[:, :, None]  # (B, T, 1, S, C)
+        prior = obsd.prior_logp  # (B, T, K, S, C)
+        dyn_raw = categorical_kl(post.detach(), prior)  # (B, T, K)  trains the priors
+        rep_raw = categorical_kl(post, prior.detach())  # (B, T, K)  trains the posterior/encoder
+        dyn = torch.clamp(dyn_raw, min=c.free_nats)  # free nats per (b, t), after summing latents
+        rep = torch.clamp(rep_raw, min=c.free_nats)
+        w = self._head_weights(seq.obs.shape[0], seq.obs.device)  # (B, K)
+        wbt = w[:, None, :].expand_as(dyn)  # (B, T, K)
+        dyn_l = (dyn * wbt).sum((0, 1)) / wbt.sum((0, 1)).clamp(min=1.0)  # (K,)
+        rep_l = (rep * wbt).sum((0, 1)) / wbt.sum((0, 1)).clamp(min=1.0)
+
+        terms = {
+            "rec": rec.mean(), "obs_std": std_nll.mean(), "rew": rew.mean(), "con": con.mean(),
+            "dyn": dyn_l.mean(), "rep": rep_l.mean(),
+        }
+        total = (c.rec_scale * terms["rec"] + terms["obs_std"] + c.rew_scale * terms["rew"]
+                 + c.con_scale * terms["con"] + c.dyn_scale * terms["dyn"] + c.rep_scale * terms["rep"])
+        metrics = {f"loss/{k}": v.detach() for k, v in terms.items()}
+        metrics["loss/total"] = total.detach()
+        metrics["kl/dyn"] = dyn_raw.mean().detach()
+        metrics["kl/rep"] = rep_raw.mean().detach()
+        metrics["entropy/post"] = categorical_entropy(obsd.post_logp).mean().detach()
+        metrics["entropy/prior"] = categorical_entropy(prior).mean().detach()
+        return LossOut(total, metrics, obsd, last)
+
+    def _head_weights(self, batch: int, device) -> torch.Tensor:
+        K = self.cfg.ensemble
+        if K == 1 or not self.cfg.bootstrap or not self.training:
+            return torch.ones(batch, K, device=device)
+        return torch.bernoulli(torch.full((batch, K), 0.5, device=device))
+
+    # ------------------------------------------------------------------ scores
+    @torch.no_grad()
+    def scores(self, seq, state: State | None = None, samples: int = 8) -> dict[str, torch.Tensor]:
+        """Per-step, per-channel, non-reduced scores of a sequence under the model.
+
+        Returns (all float32):
+          nll          (B, T, D) one-step predictive NLL of each channel (normalised units): the
+                       prior's mixture over `samples` latent draws (random heads) given h_t, i.e.
+                       given everything up to step t-1 and the control u_{t-1}
+          error        (B, T, D) one-step prediction error obs - predicted mean (normalised units)
+          pred_std     (B, T, D) one-step predictive std (normalised units, from the mixture)
+          kl           (B, T)    KL(post || prior), mean over heads: surprise of the transition
+          disagreement (B, T, D) std across prior heads of the decoded one-step mean (0 for K=1)
+          prior_jsd    (B, T)    Jensen-Shannon divergence among the heads' priors (0 for K=1)
+          feat         (B, T, F) posterior features, for support/coverage measures
+        """
+        obsd, _ = self.observe(seq, state, sample=False)
+        K, S = self.cfg.ensemble, samples
+        deter = obsd.state.deter  # (B, T, deter)
+        prior = obsd.prior_logp  # (B, T, K, S_lat, C)
+        B, T = deter.shape[:2]
+        # Draw `samples` latents per step, cycling through heads so every head is represented.
+        heads = torch.arange(S, device=deter.device) % K  # (S,)
+        logp = prior[:, :, heads]  # (B, T, S, S_lat, C)
+        z = F.one_hot(torch.distributions.Categorical(logits=logp).sample(), self.cfg.classes).float()
+        feat = torch.cat([deter[:, :, None].expand(B, T, S, deter.shape[-1]), z.flatten(-2)], -1)  # (B, T, S, F)
+        mean, log_std = self.decoder(feat)  # (B, T, S, D) symlog space
+        y = symlog(seq.obs.float())[:, :, None]  # (B, T, 1, D)
+        logpdf = -_gauss_nll(y, mean, log_std)  # (B, T, S, D)
+        nll_y = -(torch.logsumexp(logpdf, 2) - math.log(S))  # (B, T, D)
+        nll = nll_y + torch.log1p(seq.obs.float().abs())  # change of variables symlog -> obs
+        obs_samples = symexp(mean)  # (B, T, S, D)
+        pred_mean = obs_samples.mean(2)
+        # Predictive std in obs units: spread of the means plus the (delta-method) noise scale.
+        noise = (torch.exp(log_std) * torch.exp(mean.abs())).pow(2).mean(2)
+        pred_std = (obs_samples.var(2, unbiased=False) + noise).sqrt()
+        if K > 1:
+            head_means = torch.stack([obs_samples[:, :, heads == k].mean(2) for k in range(K)], 2)  # (B, T, K, D)
+            disagreement = head_means.std(2, unbiased=False)
+            p = prior.exp()  # (B, T, K, S_lat, C)
+            mix = p.mean(2).clamp_min(1e-12)
+            jsd = -(mix * mix.log()).sum((-1, -2)) - categorical_entropy(prior).mean(2)
+        else:
+            disagreement = torch.zeros_like(pred_mean)
+            jsd = torch.zeros(B, T, device=deter.device)
+        kl = categorical_kl(obsd.post_logp[:, :, None], prior).mean(-1)  # (B, T)
+        return {
+            "nll": nll, "error": seq.obs.float() - pred_mean, "pred_std": pred_std, "kl": kl,
+            "disagreement": disagreement, "prior_jsd": jsd, "feat": obsd.state.feat().float(),
+        }
+
+    # ------------------------------------------------------------------ open loop
+    @torch.no_grad()
+    def openloop(self, seq, context: int, samples: int = 8, sample: bool = True) -> dict[str, torch.Tensor]:
+        """Observe steps [0, context), imagine steps [context, T) under the logged controls.
+
+        Returns in normalised obs units: `samples` (N, B, T-context, D) predictive draws (latent
+        samples plus observation noise), `mean` (B, T-context, D) the mean of the decoded means,
+        and `truth` (B, T-context, D).
+        """
+        B, T = seq.obs.shape[:2]
+        if not 0 < context < T:
+            raise ValueError(f"openloop: context {context} must be in [1, T={T})")
+        ctx = _Slice(seq, 0, context)
+        _, last = self.observe(ctx, sample=sample)
+        rep = lambda x: x.repeat(samples, *([1] * (x.dim() - 1)))  # (N*B, ...)
+        state = State(rep(last.deter), rep(last.stoch))
+        states = self.imagine(state, rep(seq.prev_action[:, context:].float()), rep(seq.prev_input[:, context:].float()), sample=sample)
+        mean, log_std = self.decode(states)  # (N*B, H, D)
+        draws = symexp(mean + torch.exp(log_std) * torch.randn_like(mean))
+        H, D = mean.shape[1], mean.shape[2]
+        return {
+            "samples": draws.reshape(samples, B, H, D),
+            "mean": symexp(mean).reshape(samples, B, H, D).mean(0),
+            "truth": seq.obs[:, context:].float(),
+        }
+
+    # ------------------------------------------------------------------ checks
+    def _check(self, seq) -> None:
+        c = self.cfg
+        B, T = seq.obs.shape[:2]
+        assert seq.obs.shape == (B, T, c.obs_dim), f"obs {tuple(seq.obs.shape)} != (B, T, {c.obs_dim})"
+        assert seq.prev_action.shape == (B, T, c.action_dim), f"prev_action {tuple(seq.prev_action.shape)} != (B, T, {c.action_dim})"
+        assert seq.prev_input.shape == (B, T, c.input_dim), f"prev_input {tuple(seq.prev_input.shape)} != (B, T, {c.input_dim})"
+        assert seq.is_first.shape == (B, T), f"is_first {tuple(seq.is_first.shape)} != (B, T)"
+
+
+class _Slice:
+    """A time slice [start, stop) of a sequence object (attributes sliced on axis 1)."""
+
+    FIELDS = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
+
+    def __init__(self, seq, start: int, stop: int):
+        for name in self.FIELDS:
+            setattr(self, name, getattr(seq, name)[:, start:stop])
