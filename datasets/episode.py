@@ -59,6 +59,11 @@ class Episode:
     def num_steps(self) -> int:
         return int(self.actions.shape[0])
 
+    def input_array(self) -> np.ndarray:
+        """Exogenous inputs as float32 (N, E); (N, 0) when the episode has none."""
+        n = self.num_steps
+        return np.zeros((n, 0), np.float32) if self.inputs is None else self.inputs.astype(np.float32)
+
     def reward_array(self) -> np.ndarray:
         n = self.num_steps
         return np.zeros(n, np.float32) if self.rewards is None else self.rewards.astype(np.float32)

@@ -103,6 +103,9 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__`.*")
+    # We checkpoint after the optimiser step on purpose (resume continues from the stepped state).
+    warnings.filterwarnings("ignore", message=".*manual optimization and every_n_train_steps.*")
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
     trainer = L.Trainer(
         max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=_devices(t.devices),
         strategy=t.strategy, precision=resolve_precision(t), logger=logger, callbacks=[checkpoint],
@@ -116,6 +119,9 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
             "log": str(log_path), "data_sha256": data_hash, "train_episodes": len(dm.train_ids),
             "val_episodes": len(dm.val_ids), "precision": resolve_precision(t)}), 0)
     ckpt_path = str(last) if (resume and last.exists()) else None
+    if ckpt_path:
+        step = int(torch.load(last, map_location="cpu", weights_only=True).get("global_step", 0))
+        print(f"resuming from {last} at step {step}", flush=True)
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     except ValueError as exc:

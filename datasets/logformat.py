@@ -1,0 +1,365 @@
+"""Log format v1 (log-format.md): the HDF5 writer and the lazy reader.
+
+Owns turning `Episode`s + `LogMeta` into a file and back. The mapping of HDF5 nodes to arrays
+(Minari dict observations, discrete actions, attributes) lives in `layout`; whole-file checks with
+statistics live in `validate`.
+
+Writing: `write_log(path, episodes, meta)` or, incrementally, `with LogWriter(path, meta) as w:
+w.add(ep)`. Both write to a temporary name beside the target and rename on success; on any
+exception nothing is left at the target. Vector observations go to `observations` (N+1, D) float32
+when the episode has no `obs_groups`, else to `observations/state` plus one dataset per group key
+(images uint8, chunked one frame per chunk, gzip). `inputs` only when E > 0, `timestamps` only when
+present; `rewards`/`terminations`/`truncations` always (defaults from the Episode helpers). Empty
+name lists in `meta` are filled with generated names (`obs_0`, `action_0`, `input_0`).
+
+Reading: `LogReader(path)` / `open_log(path)` opens lazily (attributes and the episode list only);
+`read(id)` loads one episode and rejects it, with one UserError listing every problem, when it
+breaks the format's rules (missing datasets, row counts, NaN/inf, non-increasing timestamps,
+dimensions that differ from the file's names). `wmcheck validate` gives the full report.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import h5py
+import numpy as np
+
+from wmcheck.datasets import layout as L
+from wmcheck.datasets.episode import FORMAT_NAME, FORMAT_VERSION, Episode, LogMeta
+from wmcheck.scripts.atomic import atomic_path
+from wmcheck.scripts.errors import UserError
+
+REQUIRED = ("observations", "actions", "terminations", "truncations")
+_VALIDATE_FIX = "run `wmcheck validate {path}` for the full report, then fix the importer or its mapping and re-import"
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def _generated(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}_{i}" for i in range(n)]
+
+
+class LogWriter:
+    """Incremental, atomic writer: `with LogWriter(path, meta) as w: w.add(episode)`.
+
+    `add` checks each episode against the first one and against the names in `meta` and raises
+    ValueError listing every problem. Closing with no episodes raises ValueError (a log without
+    episodes cannot be read back).
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: LogMeta):
+        self.path = Path(path)
+        self.meta = meta
+        self._stack: contextlib.ExitStack | None = None
+        self._file: h5py.File | None = None
+        self._ids: set[int] = set()
+        self._dims: tuple[int, int, int] | None = None  # (D, A, E) of the first episode
+        self._groups: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
+
+    def __enter__(self) -> "LogWriter":
+        self._stack = contextlib.ExitStack()
+        try:
+            tmp = self._stack.enter_context(atomic_path(self.path, suffix=".h5"))
+            self._file = h5py.File(tmp, "w", track_order=True)
+            self._stack.callback(self._file.close)  # closed before atomic_path renames
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            try:
+                self._write_file_attrs()
+            except BaseException as err:
+                self._stack.__exit__(type(err), err, err.__traceback__)
+                raise
+        return bool(self._stack.__exit__(exc_type, exc, tb))
+
+    def add(self, ep: Episode) -> None:
+        if self._file is None:
+            raise RuntimeError("LogWriter.add called outside its `with` block")
+        self._check(ep)
+        g = self._file.create_group(f"episode_{ep.id}")
+        g.attrs["id"] = int(ep.id)
+        g.attrs["total_steps"] = ep.num_steps
+        if ep.seed is not None:
+            g.attrs["seed"] = int(ep.seed)
+        if ep.name is not None:
+            g.attrs["name"] = str(ep.name)
+        obs = np.asarray(ep.observations, np.float32)  # (N+1, D)
+        if ep.obs_groups:
+            og = g.create_group("observations")
+            og.create_dataset(L.STATE_KEY, data=obs)
+            for key, x in ep.obs_groups.items():
+                x = np.asarray(x)  # (N+1, ...) e.g. (N+1, H, W, C) uint8
+                chunks = (1, *x.shape[1:]) if x.shape[0] and x.size else None
+                og.create_dataset(key, data=x, chunks=chunks,
+                                  compression="gzip" if chunks else None)
+        else:
+            g.create_dataset("observations", data=obs)
+        g.create_dataset("actions", data=np.asarray(ep.actions, np.float32))  # (N, A)
+        if ep.inputs is not None and ep.inputs.shape[1] > 0:
+            g.create_dataset("inputs", data=np.asarray(ep.inputs, np.float32))  # (N, E)
+        g.create_dataset("rewards", data=ep.reward_array())  # (N,)
+        g.create_dataset("terminations", data=ep.termination_array())  # (N,)
+        g.create_dataset("truncations", data=ep.truncation_array())  # (N,)
+        if ep.timestamps is not None:
+            g.create_dataset("timestamps", data=np.asarray(ep.timestamps, np.float64))  # (N+1,)
+        self._ids.add(int(ep.id))
+
+    def _check(self, ep: Episode) -> None:
+        problems = []
+        obs, act = np.asarray(ep.observations), np.asarray(ep.actions)
+        if obs.ndim != 2 or act.ndim != 2:
+            raise ValueError(f"episode {ep.id}: observations must be (N+1, D) and actions (N, A), "
+                             f"got {obs.shape} and {act.shape}")
+        n = act.shape[0]
+        e = 0 if ep.inputs is None else ep.inputs.shape[1]
+        dims = (obs.shape[1], act.shape[1], e)
+        if not (isinstance(ep.id, (int, np.integer)) and ep.id >= 0):
+            problems.append(f"id must be a non-negative integer, got {ep.id!r}")
+        elif int(ep.id) in self._ids:
+            problems.append("id is already in the file")
+        if obs.shape[0] != n + 1:
+            problems.append(f"observations have {obs.shape[0]} rows, expected N+1 = {n + 1}")
+        for name, x, rows in [("inputs", ep.inputs, n), ("rewards", ep.rewards, n),
+                              ("terminations", ep.terminations, n), ("truncations", ep.truncations, n),
+                              ("timestamps", ep.timestamps, n + 1)]:
+            if x is not None and x.shape[0] != rows:
+                problems.append(f"{name} have {x.shape[0]} rows, expected {rows}")
+        if ep.inputs is not None and ep.inputs.ndim != 2:
+            problems.append(f"inputs must be (N, E), got {ep.inputs.shape}")
+        for key, x in ep.obs_groups.items():
+            if key == L.STATE_KEY:
+                problems.append(f"obs_groups may not use the reserved key {L.STATE_KEY!r}")
+            if x.shape[0] != n + 1:
+                problems.append(f"obs_groups[{key!r}] has {x.shape[0]} rows, expected {n + 1}")
+        groups = {k: (tuple(x.shape[1:]), np.asarray(x).dtype) for k, x in ep.obs_groups.items()}
+        if self._dims is None:
+            for what, names, d in [("observation", self.meta.observation_names, dims[0]),
+                                   ("action", self.meta.action_names, dims[1]),
+                                   ("input", self.meta.input_names, dims[2])]:
+                if names and len(names) != d:
+                    problems.append(f"{d} {what} columns but meta names {len(names)} {what} channels")
+        else:
+            if dims != self._dims:
+                problems.append(f"(D, A, E) = {dims} differs from the first episode's {self._dims}")
+            if groups != self._groups:
+                problems.append(f"obs_groups {groups} differ from the first episode's {self._groups}")
+        if problems:
+            raise ValueError(f"episode {ep.id} cannot be written: " + "; ".join(problems))
+        if self._dims is None:
+            self._dims, self._groups = dims, groups
+
+    def _write_file_attrs(self) -> None:
+        if self._dims is None:
+            raise ValueError(f"no episodes were added to {self.path}: a log needs at least one")
+        d, a, e = self._dims
+        m, attrs = self.meta, self._file.attrs
+        attrs["format"] = FORMAT_NAME
+        attrs["format_version"] = FORMAT_VERSION
+        attrs["source"] = m.source
+        if m.dt is not None:
+            attrs["dt"] = float(m.dt)
+        str_dtype = h5py.string_dtype()
+        for key, names, prefix, n in [("observation_names", m.observation_names, "obs", d),
+                                      ("action_names", m.action_names, "action", a),
+                                      ("input_names", m.input_names, "input", e)]:
+            attrs[key] = np.array(list(names) or _generated(prefix, n), dtype=str_dtype)
+        attrs["units"] = json.dumps(m.units)
+
+
+def write_log(path: str | os.PathLike, episodes: Iterable[Episode], meta: LogMeta) -> Path:
+    """Write all episodes to `path` atomically; returns the path."""
+    with LogWriter(path, meta) as writer:
+        for ep in episodes:
+            writer.add(ep)
+    return Path(path)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def open_h5(path: str | os.PathLike) -> h5py.File:
+    """Open an HDF5 file read-only, turning every way that fails into a UserError."""
+    path = Path(path)
+    if path.is_dir():
+        hint = next((p for p in (path / "data" / "main_data.hdf5", path / "main_data.hdf5") if p.exists()), None)
+        raise UserError(f"{path} is a folder, not a log file",
+                        f"pass the HDF5 file itself{f', e.g. {hint}' if hint else ''}")
+    if not path.exists():
+        raise UserError(f"log file {path} does not exist",
+                        "check the path, or create the log with `wmcheck import` / `wmcheck record`")
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        raise UserError(f"{path} is not a readable HDF5 file (truncated or not HDF5: {exc})",
+                        "re-create it with `wmcheck import` or re-copy it; a file cut off during "
+                        "copying or writing cannot be repaired") from None
+
+
+class LogReader:
+    """Lazy reader: opening reads the file attributes and the episode list only.
+
+    Use as a context manager (`with open_log(path) as log:`) or call `close()`.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._file = open_h5(self.path)
+        try:
+            problems = L.check_format(self._file.attrs)
+            if problems:
+                raise UserError(f"{self.path}: " + "; ".join(problems),
+                                "upgrade wmcheck, or convert the file to format version "
+                                f"{FORMAT_VERSION} with the wmcheck that wrote it")
+            self._groups = L.episode_index(self._file)
+            if not self._groups:
+                raise UserError(f"{self.path} holds no episode groups (episode_<id>)",
+                                "is this a wmcheck log or a Minari main_data.hdf5? Re-create it "
+                                "with `wmcheck import`")
+        except BaseException:
+            self._file.close()
+            raise
+        self._meta: LogMeta | None = None
+        self._classes: int | None = None
+        self._obs_layouts: dict[int, L.ObsLayout] = {}
+
+    # context manager / lifetime
+    def __enter__(self) -> "LogReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    # index
+    @property
+    def episode_ids(self) -> list[int]:
+        return list(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def _group(self, episode_id: int) -> h5py.Group:
+        if episode_id not in self._groups:
+            raise KeyError(f"episode {episode_id} is not in {self.path} "
+                           f"(ids {self.episode_ids[:5]}{'...' if len(self) > 5 else ''})")
+        return self._file[self._groups[episode_id]]
+
+    def num_steps(self, episode_id: int) -> int:
+        """N from the shape of `actions` (or the `total_steps` attribute); reads no data."""
+        g = self._group(episode_id)
+        if isinstance(g.get("actions"), h5py.Dataset):
+            return int(g["actions"].shape[0])
+        if "total_steps" in g.attrs:
+            return int(g.attrs["total_steps"])
+        raise UserError(f"episode {episode_id} of {self.path} has no actions",
+                        _VALIDATE_FIX.format(path=self.path))
+
+    @property
+    def meta(self) -> LogMeta:
+        """File metadata; names are generated from the first episode's shapes when not stored."""
+        if self._meta is None:
+            first = self._group(self.episode_ids[0])
+            try:
+                obs_names = self._obs_layout(self.episode_ids[0]).names if "observations" in first else []
+                a = L.action_dim(first["actions"], self.num_action_classes) if "actions" in first else 0
+                self._meta = L.meta_from_attrs(self._file.attrs, obs_names, _generated("action", a))
+            except L.LayoutError as exc:
+                raise UserError(f"{self.path}: {exc}", _VALIDATE_FIX.format(path=self.path)) from None
+        return self._meta
+
+    @property
+    def num_action_classes(self) -> int | None:
+        """One-hot width of discrete (integer) actions, None when actions are continuous."""
+        if self._classes is None:
+            self._classes = L.discrete_action_classes(self._file, self.path, self._groups) or 0
+        return self._classes or None
+
+    def _obs_layout(self, episode_id: int) -> L.ObsLayout:
+        if episode_id not in self._obs_layouts:
+            self._obs_layouts[episode_id] = L.observation_layout(self._group(episode_id)["observations"])
+        return self._obs_layouts[episode_id]
+
+    # data
+    def read(self, episode_id: int) -> Episode:
+        """Load one episode; UserError listing every problem when it breaks the format's rules."""
+        g = self._group(episode_id)
+        try:
+            ep, problems = self._read(episode_id, g)
+        except L.LayoutError as exc:
+            ep, problems = None, [str(exc)]
+        except OSError as exc:
+            raise UserError(f"could not read episode {episode_id} of {self.path}: {exc}",
+                            "the file is damaged (truncated?); re-create or re-copy it") from None
+        if problems:
+            raise UserError(f"episode {episode_id} of {self.path} breaks the log format: "
+                            + "; ".join(problems), _VALIDATE_FIX.format(path=self.path))
+        return ep
+
+    def _read(self, episode_id: int, g: h5py.Group) -> tuple[Episode | None, list[str]]:
+        missing = [k for k in REQUIRED if k not in g]
+        if missing:
+            return None, [f"missing dataset(s) {', '.join(missing)}"]
+        problems = []
+        meta = self.meta
+        lay = self._obs_layout(episode_id)
+        obs = L.read_state(g["observations"], lay)  # (N+1, D)
+        groups = L.read_groups(g["observations"], lay)  # {key: (N+1, ...)}
+        actions = L.read_actions(g["actions"], self.num_action_classes)  # (N, A)
+        n = actions.shape[0]
+        inputs = L.read_vector(g["inputs"]) if "inputs" in g else None  # (N, E)
+        rewards = np.asarray(g["rewards"][()], np.float32) if "rewards" in g else None  # (N,)
+        terms = np.asarray(g["terminations"][()], bool)  # (N,)
+        truncs = np.asarray(g["truncations"][()], bool)  # (N,)
+        ts = np.asarray(g["timestamps"][()], np.float64) if "timestamps" in g else None  # (N+1,)
+        expected = {"observations": (obs, n + 1), "inputs": (inputs, n), "rewards": (rewards, n),
+                    "terminations": (terms, n), "truncations": (truncs, n), "timestamps": (ts, n + 1)}
+        expected.update({f"observations/{k}": (x, n + 1) for k, x in groups.items()})
+        for name, (x, rows) in expected.items():
+            if x is not None and x.shape[0] != rows:
+                problems.append(f"{name} has {x.shape[0]} rows, expected {rows} (actions have {n})")
+        for name, x, names in [("observations", obs, meta.observation_names),
+                               ("actions", actions, meta.action_names),
+                               ("inputs", inputs, meta.input_names)]:
+            d = 0 if x is None else x.shape[1]
+            if (x is not None or names) and d != len(names):
+                problems.append(f"{name} have {d} columns but the file names {len(names)} channels")
+            if x is not None and not np.isfinite(x).all():
+                problems.append(f"{name} contain {int((~np.isfinite(x)).sum())} NaN/inf values")
+        if rewards is not None and not np.isfinite(rewards).all():
+            problems.append("rewards contain NaN/inf values")
+        if ts is not None and ts.shape[0] > 1 and not (np.diff(ts) > 0).all():
+            problems.append("timestamps are not strictly increasing")
+        seed = g.attrs.get("seed")
+        try:
+            seed = None if seed is None else int(seed)
+        except (TypeError, ValueError):  # older Minari wrote the string "None"
+            seed = None
+        name = g.attrs.get("name")
+        ep = Episode(observations=obs, actions=actions, inputs=inputs, rewards=rewards,
+                     terminations=terms, truncations=truncs, timestamps=ts, obs_groups=groups,
+                     id=episode_id, seed=seed,
+                     name=None if name is None else L.attr_str(name))
+        return ep, problems
+
+    def episodes(self, ids: Iterable[int] | None = None) -> Iterator[Episode]:
+        """Episodes one at a time (all, in id order, when `ids` is None)."""
+        for i in self.episode_ids if ids is None else ids:
+            yield self.read(i)
+
+    def __iter__(self) -> Iterator[Episode]:
+        return self.episodes()
+
+
+def open_log(path: str | os.PathLike) -> LogReader:
+    return LogReader(path)
