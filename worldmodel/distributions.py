@@ -61,7 +61,7 @@ class TwoHot:
     """
 
     def __init__(self, num_bins: int = 255, low: float = -20.0, high: float = 20.0, device=None):
-        self.bins = symexp(torch.linspace(low, high, num_bins, device=device, dtype=torch.float32))  # (K,)
+        self.bins = symexp(torch.linspace(low, high, num_bins, dtype=torch.float64)).float().to(device)  # (K,)
 
     def to(self, device) -> "TwoHot":
         self.bins = self.bins.to(device)
