@@ -20,6 +20,9 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or ".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; outputs get the usual permissions
     try:
         yield tmp_path
         os.replace(tmp_path, target)

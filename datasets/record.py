@@ -1,0 +1,297 @@
+"""Recording gymnasium environments into episodes: simulator rollouts under a chosen policy.
+
+Owns: making the environment (a registered id such as "Pendulum-v1", or "module:Class"), making the
+policy from a spec, stepping episodes and turning them into `Episode`s in the log's row convention
+(N+1 observations, N actions/rewards/flags), and the file metadata (`dt`, channel names).
+
+Policies (`make_policy`):
+- "random": uniform samples from the action space;
+- "hold:K": a random action held for K steps, then a new one: a piecewise-constant, multi-level
+  input, the classic exciting signal for system identification (it shows step responses and
+  settling, which white-noise actions at every step hide);
+- "module:callable": `callable(observation) -> action`, imported from an importable module;
+- "path.pt": a TorchScript module (`torch.jit.load`) called with the (D,) float32 observation
+  tensor, returning the action (for Discrete actions: one value per class, the largest wins).
+Box observations and actions are flattened to float32; Discrete actions are stored one-hot (K
+columns). Other spaces are refused with an error naming them.
+
+Episode i is reset with seed `seed + i` (stored as the episode's seed); random policies are seeded
+the same way, so one episode can be reproduced on its own. `dt` comes from `env.unwrapped.dt`, else
+1 / metadata["render_fps"], else 1.0 with a warning.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from wmcheck.datasets.episode import Episode, LogMeta
+from wmcheck.scripts.errors import UserError
+
+PolicyFn = Callable[[np.ndarray], Any]
+
+
+def make_env(env_id: str, env_kwargs: dict | None = None):
+    """A gymnasium env from a registered id or "module:Class"; UserError if it cannot be made."""
+    import gymnasium as gym
+
+    kwargs = dict(env_kwargs or {})
+    if ":" in env_id and env_id.split(":", 1)[0] and env_id not in gym.registry:
+        mod_name, _, cls_name = env_id.partition(":")
+        cls = _import_attr(mod_name, cls_name, "environment", env_id)
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise UserError(f"cannot create {env_id} with {kwargs}: {exc}", "check --env-kwargs") from None
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        raise UserError(f"{env_id} needs a package that is not installed: {exc}",
+                        "for MuJoCo environments: pip install 'wmcheck[mujoco]'") from None
+    except gym.error.Error as exc:  # NameNotFound, VersionNotFound, DeprecatedEnv, ...
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise UserError(f"cannot make environment {env_id!r}: {exc}",
+                        f"give a registered gymnasium id{hint} or module:Class") from None
+    except TypeError as exc:
+        raise UserError(f"cannot create {env_id} with {kwargs}: {exc}", "check --env-kwargs") from None
+
+
+def env_dt(env) -> tuple[float, str | None]:
+    """(step period in seconds, warning or None)."""
+    dt = getattr(env.unwrapped, "dt", None)
+    if _positive(dt):
+        return float(dt), None
+    fps = (getattr(env, "metadata", None) or {}).get("render_fps")
+    if _positive(fps):
+        return 1.0 / float(fps), None
+    return 1.0, (f"{env.spec.id if env.spec else type(env.unwrapped).__name__} has no dt and no render_fps: "
+                 "dt recorded as 1.0 s; time in reports will be in steps")
+
+
+def _positive(x) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x)) and float(x) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class SpaceCodec:
+    """Flattens observations, encodes actions as stored float32 rows."""
+
+    obs_dim: int
+    action_dim: int
+    discrete: int | None  # number of classes of a Discrete action space, else None
+
+    @classmethod
+    def for_env(cls, env) -> "SpaceCodec":
+        from gymnasium import spaces
+
+        o, a = env.observation_space, env.action_space
+        if not isinstance(o, spaces.Box):
+            raise UserError(f"observation space {o} is not supported", "record environments with Box observations "
+                            "(wrap Dict observations with gymnasium.wrappers.FlattenObservation)")
+        if isinstance(a, spaces.Box):
+            return cls(int(np.prod(o.shape)), int(np.prod(a.shape)), None)
+        if isinstance(a, spaces.Discrete):
+            return cls(int(np.prod(o.shape)), int(a.n), int(a.n))
+        raise UserError(f"action space {a} is not supported", "record environments with Box or Discrete actions")
+
+    def obs(self, x) -> np.ndarray:
+        return np.asarray(x, np.float32).reshape(-1)  # (D,)
+
+    def action(self, a, env) -> tuple[Any, np.ndarray]:
+        """(the action to pass to env.step, its stored float32 row)."""
+        if self.discrete is not None:
+            start = int(env.action_space.start)
+            x = np.asarray(a)
+            idx = int(x.reshape(-1)[0]) - start if x.size == 1 else int(np.argmax(x))  # scores: best class
+            if not 0 <= idx < self.discrete:
+                raise UserError(f"the policy returned action {a!r}, outside {env.action_space}",
+                                "return an integer class index (or one score per class)")
+            row = np.zeros(self.discrete, np.float32)
+            row[idx] = 1.0
+            return start + idx, row
+        row = np.asarray(a, np.float32).reshape(-1)
+        if row.size != self.action_dim:
+            raise UserError(f"the policy returned an action of {row.size} values, the action space has "
+                            f"{self.action_dim} {env.action_space.shape}", "return one value per action dimension")
+        return row.reshape(env.action_space.shape), row
+
+
+class _Random:
+    """Uniform samples from the action space; with hold > 1, each sample is kept for `hold` steps."""
+
+    def __init__(self, space, hold: int = 1):
+        self.space, self.hold, self.t, self.current = space, hold, 0, None
+
+    def reset(self, seed: int) -> None:
+        self.space.seed(seed)
+        self.t = 0
+
+    def __call__(self, obs):
+        if self.t % self.hold == 0:
+            self.current = self.space.sample()
+        self.t += 1
+        return self.current
+
+
+class _TorchScript:
+    def __init__(self, path: Path):
+        import torch
+
+        try:
+            self.module = torch.jit.load(str(path), map_location="cpu").eval()
+        except (RuntimeError, ValueError) as exc:
+            raise UserError(f"{path} is not a TorchScript module: {exc}",
+                            "save the policy with torch.jit.script(policy).save(path)") from None
+        self.torch = torch
+
+    def __call__(self, obs):
+        with self.torch.no_grad():
+            out = self.module(self.torch.as_tensor(np.asarray(obs, np.float32).reshape(-1)))
+        return out.detach().cpu().numpy()
+
+
+def make_policy(spec: str | PolicyFn, env) -> PolicyFn:
+    """A policy from its spec (see the module docstring). Callables pass through."""
+    if callable(spec):
+        return spec
+    if spec == "random":
+        return _Random(env.action_space)
+    if spec.startswith("hold:"):
+        try:
+            k = int(spec[5:])
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise UserError(f"--policy {spec}: K must be a whole number >= 1", "e.g. --policy hold:10")
+        return _Random(env.action_space, hold=k)
+    if spec.endswith((".pt", ".pth", ".ts")) or Path(spec).is_file():
+        if not Path(spec).is_file():
+            raise UserError(f"policy file {spec} does not exist", "check the path")
+        return _TorchScript(Path(spec))
+    if ":" in spec:
+        mod_name, _, attr = spec.partition(":")
+        fn = _import_attr(mod_name, attr, "policy", spec)
+        if not callable(fn):
+            raise UserError(f"{spec} is not callable", "point at a function taking an observation, returning an action")
+        return fn
+    raise UserError(f"unknown policy {spec!r}", "use random, hold:K, module:callable or a TorchScript .pt file")
+
+
+def _import_attr(mod_name: str, attr: str, what: str, spec: str):
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise UserError(f"cannot import the {what} module {mod_name!r} ({spec}): {exc}",
+                        "the module must be importable (installed, or on PYTHONPATH)") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UserError(f"module {mod_name!r} has no {attr!r} ({spec})", f"check the {what} name")
+        obj = getattr(obj, part)
+    return obj
+
+
+class Recorder:
+    """One environment and policy; `meta()` for the file, `episodes(n)` to record them one by one."""
+
+    def __init__(self, env_id: str, policy: str | PolicyFn = "random", seed: int = 0,
+                 env_kwargs: dict | None = None, max_steps: int | None = None):
+        if max_steps is not None and max_steps < 1:
+            raise UserError(f"max_steps must be >= 1, got {max_steps}", "e.g. --max-steps 200")
+        self.env_id = env_id
+        self.env = make_env(env_id, env_kwargs)
+        try:
+            self.codec = SpaceCodec.for_env(self.env)
+            self.policy = make_policy(policy, self.env)
+            limit = self.env.spec.max_episode_steps if self.env.spec is not None else None
+            if max_steps is None and limit is None:
+                raise UserError(f"{env_id} has no time limit, so episodes may never end",
+                                "give --max-steps M")
+            self.seed, self.max_steps = int(seed), max_steps
+            self.dt, self.dt_warning = env_dt(self.env)
+        except BaseException:
+            self.env.close()
+            raise
+        if self.dt_warning:
+            warnings.warn(self.dt_warning, stacklevel=2)
+
+    def meta(self, source: str = "sim") -> LogMeta:
+        return LogMeta(source=source, dt=self.dt,
+                       observation_names=[f"obs_{i}" for i in range(self.codec.obs_dim)],
+                       action_names=[f"act_{i}" for i in range(self.codec.action_dim)])
+
+    def episodes(self, n: int, first_id: int = 0) -> Iterator[Episode]:
+        for i in range(n):
+            yield self.episode(first_id + i)
+
+    def episode(self, ep_id: int) -> Episode:
+        seed = self.seed + ep_id
+        if hasattr(self.policy, "reset"):
+            self.policy.reset(seed)
+        obs, _ = self.env.reset(seed=seed)
+        observations, actions, rewards, terms, truncs = [self.codec.obs(obs)], [], [], [], []
+        t = 0
+        while self.max_steps is None or t < self.max_steps:
+            a, row = self.codec.action(self.policy(obs), self.env)
+            obs, r, term, trunc, _ = self.env.step(a)
+            observations.append(self.codec.obs(obs))
+            actions.append(row)
+            rewards.append(float(r))
+            terms.append(bool(term))
+            truncs.append(bool(trunc))
+            t += 1
+            if term or trunc:
+                break
+        truncs[-1] = truncs[-1] or not terms[-1]  # stopped by max_steps: truncated
+        obs_arr = np.stack(observations)  # (N+1, D)
+        if not np.isfinite(obs_arr).all():
+            bad = int(np.argmax(~np.isfinite(obs_arr).all(axis=1)))
+            raise UserError(f"{self.env_id} returned a non-finite observation at row {bad} of episode {ep_id}",
+                            "the simulation diverged: lower --max-steps or check the environment")
+        return Episode(observations=obs_arr, actions=np.stack(actions),  # (N, A)
+                       rewards=np.asarray(rewards, np.float32), terminations=np.asarray(terms, bool),
+                       truncations=np.asarray(truncs, bool), id=ep_id, seed=seed)
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def record_episodes(env_id: str, policy: str | PolicyFn = "random", episodes: int = 1,
+                    max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None) -> list[Episode]:
+    """Record `episodes` episodes in memory (for benchmarks and tests)."""
+    with Recorder(env_id, policy, seed, env_kwargs, max_steps) as rec:
+        return list(rec.episodes(episodes))
+
+
+def record_to_log(path, env_id: str, policy: str | PolicyFn = "random", episodes: int = 1,
+                  max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None,
+                  source: str = "sim") -> tuple[LogMeta, int]:
+    """Record straight into a log file through LogWriter (atomic); returns (meta, total steps)."""
+    from wmcheck.datasets.logformat import LogWriter
+
+    if episodes < 1:
+        raise UserError(f"episodes must be >= 1, got {episodes}", "e.g. --episodes 10")
+    steps = 0
+    with Recorder(env_id, policy, seed, env_kwargs, max_steps) as rec:
+        meta = rec.meta(source)
+        with LogWriter(path, meta) as writer:
+            for ep in rec.episodes(episodes):
+                writer.add(ep)
+                steps += ep.num_steps
+    return meta, steps
