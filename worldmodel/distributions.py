@@ -27,15 +27,22 @@ def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
     return torch.log(probs)
 
 
-def straight_through_sample(log_probs: torch.Tensor, sample: bool = True) -> torch.Tensor:
+def gumbel_noise(shape, device=None) -> torch.Tensor:
+    """Standard Gumbel noise; argmax(log p + g) is an exact sample from p (drawn once per scan)."""
+    u = torch.rand(shape, device=device).clamp_(1e-12, 1.0 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
+def straight_through_sample(log_probs: torch.Tensor, sample: bool = True, noise: torch.Tensor | None = None) -> torch.Tensor:
     """One-hot sample (or mode) with straight-through gradients through the mixed probs.
 
-    log_probs: (..., S, C) log of unimixed probs. Returns (..., S, C) float32.
+    log_probs: (..., S, C) log of unimixed probs; noise: optional Gumbel noise of the same shape
+    (pre-drawn for a whole sequence). Returns (..., S, C) float32: onehot + probs - sg(probs).
     """
     probs = log_probs.exp()
     if sample:
-        flat = probs.reshape(-1, probs.shape[-1])
-        index = torch.multinomial(flat.detach(), 1).reshape(probs.shape[:-1])
+        g = noise if noise is not None else gumbel_noise(log_probs.shape, log_probs.device)
+        index = (log_probs.detach() + g).argmax(-1)
     else:
         index = probs.argmax(-1)
     onehot = F.one_hot(index, probs.shape[-1]).to(probs.dtype)

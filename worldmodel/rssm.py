@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from einops import rearrange, repeat
+import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from wmcheck.worldmodel.config import WorldModelConfig
-from wmcheck.worldmodel.distributions import straight_through_sample, unimix_logits
+from wmcheck.worldmodel.distributions import gumbel_noise, straight_through_sample, unimix_logits
 from wmcheck.worldmodel.layers import BlockLinear, Linear, MLP, NormAct, RMSNorm
 
 
@@ -85,25 +86,61 @@ class RSSM(nn.Module):
         return unimix_logits(logits, self.cfg.unimix)
 
     # ------------------------------------------------------------------ core
-    def core(self, state: State, ctrl: torch.Tensor) -> torch.Tensor:
+    def core_weights(self) -> dict[str, torch.Tensor]:
+        """Per-scan views of the core's weights, built once per `observe`/`imagine` call.
+
+        The three input projections (h, z, control) are separate Linear layers as in the reference;
+        applied as one matmul with a block-diagonal weight they cost one kernel instead of three.
+        The first block layer reads [h_g, x] per group g, where x (the three projections) is the
+        same for every group: we split its weight into an h part (block-diagonal, bmm) and an x
+        part (one dense matmul) instead of materialising x repeated G times. Both are exact
+        rewrites of the reference's computation (tests/test_worldmodel.py checks this).
+        """
+        c = self.cfg
+        lins = (self.dynin_deter[0], self.dynin_stoch[0], self.dynin_ctrl[0])
+        d = c.deter // c.blocks
+        w = {
+            "in_w": torch.block_diag(*(lin.weight for lin in lins)),  # (3*hidden, deter + S*C + U)
+            "in_b": torch.cat([lin.bias for lin in lins]),  # (3*hidden,)
+            "in_scale": torch.stack([m[1].scale for m in (self.dynin_deter, self.dynin_stoch, self.dynin_ctrl)]),  # (3, hidden)
+        }
+        if c.dyn_layers:
+            first = self.dynhid[0]
+            w["hid_wh"] = first.weight[:, :d]  # (G, d, deter/G)
+            w["hid_wx"] = rearrange(first.weight[:, d:], "g i o -> i (g o)")  # (3*hidden, deter)
+        return w
+
+    def core(self, state: State, ctrl: torch.Tensor, w: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Block GRU: (h_{t-1}, z_{t-1}, u_{t-1}) -> h_t. ctrl (B, U)."""
         c = self.cfg
+        w = w if w is not None else self.core_weights()
         deter, stoch = state.deter, state.stoch.flatten(-2)  # (B, deter), (B, S*C)
+        B, G = deter.shape[0], c.blocks
         if c.control_dim == 0:
-            ctrl = torch.zeros(deter.shape[0], 1, device=deter.device, dtype=deter.dtype)
+            ctrl = torch.zeros(B, 1, device=deter.device, dtype=deter.dtype)
         ctrl = ctrl / c.action_scale
         ctrl = ctrl / torch.clamp(ctrl.abs(), min=1.0).detach()  # reference squash (see config.action_scale)
-        x = torch.cat([self.dynin_deter(deter), self.dynin_stoch(stoch), self.dynin_ctrl(ctrl)], -1)  # (B, 3*hidden)
-        x = repeat(x, "b f -> b g f", g=c.blocks)  # (B, G, 3*hidden)
-        h_groups = rearrange(deter, "b (g d) -> b g d", g=c.blocks)  # (B, G, deter/G)
-        x = rearrange(torch.cat([h_groups, x], -1), "b g f -> b (g f)")  # (B, deter + G*3*hidden)
-        x = self.dynhid(x)  # (B, deter)
-        x = rearrange(self.gates(x), "b (g k d) -> b g k d", g=c.blocks, k=3)  # (B, G, 3, deter/G)
-        reset, cand, update = (rearrange(x[:, :, i], "b g d -> b (g d)") for i in range(3))  # (B, deter) each
+        x = F.linear(torch.cat([deter, stoch, ctrl], -1), w["in_w"], w["in_b"])  # (B, 3*hidden)
+        x = F.rms_norm(x.float().view(B, 3, c.hidden), (c.hidden,), eps=self.dynin_deter[1].eps)  # (B, 3, hidden)
+        x = F.silu(x * w["in_scale"]).reshape(B, 3 * c.hidden).to(deter.dtype)  # (B, 3*hidden)
+        h_g = deter.view(B, G, -1).transpose(0, 1)  # (G, B, d)
+        if c.dyn_layers:
+            first = self.dynhid[0]
+            y = torch.bmm(h_g, w["hid_wh"]).transpose(0, 1).reshape(B, c.deter)  # (B, deter)
+            y = torch.addmm(y + first.bias, x, w["hid_wx"])  # (B, deter)
+            y = self.dynhid[2](self.dynhid[1](y))  # RMSNorm, SiLU
+            for i in range(1, c.dyn_layers):
+                y = self.dynhid[3 * i + 2](self.dynhid[3 * i + 1](self.dynhid[3 * i](y)))
+        else:
+            y = rearrange(torch.cat([h_g.transpose(0, 1), x[:, None].expand(B, G, -1)], -1), "b g f -> b (g f)")
+        gates = torch.bmm(y.view(B, G, -1).transpose(0, 1), self.gates.weight)  # (G, B, 3*d)
+        gates = gates + self.gates.bias.view(G, 1, -1)
+        reset, cand, update = gates.chunk(3, -1)  # (G, B, d) each: per block [reset, cand, update]
         reset = torch.sigmoid(reset)
         cand = torch.tanh(reset * cand)
         update = torch.sigmoid(update - 1.0)
-        return update * cand + (1.0 - update) * deter  # (B, deter)
+        h_new = update * cand + (1.0 - update) * h_g  # (G, B, d)
+        return h_new.transpose(0, 1).reshape(B, c.deter)  # (B, deter)
 
     def prior_logp(self, deter: torch.Tensor, head: int | None = None) -> torch.Tensor:
         """Prior log-probs of every head (..., K, S, C), or of one head (..., S, C)."""
@@ -135,12 +172,14 @@ class RSSM(nn.Module):
             f"observe: tokens {tuple(tokens.shape)}, ctrl {tuple(ctrl.shape)}, is_first {tuple(is_first.shape)}"
         )
         state = state if state is not None else self.initial(B, tokens.device)
+        w = self.core_weights()
+        noise = gumbel_noise((B, T, self.cfg.stoch, self.cfg.classes), tokens.device) if sample else None
         deters, stochs, posts = [], [], []
         for t in range(T):
             state, u = self.reset(state, ctrl[:, t], is_first[:, t])
-            deter = self.core(state, u)  # (B, deter)
+            deter = self.core(state, u, w)  # (B, deter)
             logp = self.post_logp(deter, tokens[:, t])  # (B, S, C)
-            state = State(deter, straight_through_sample(logp, sample))
+            state = State(deter, straight_through_sample(logp, sample, None if noise is None else noise[:, t]))
             deters.append(deter)
             stochs.append(state.stoch)
             posts.append(logp)
@@ -165,9 +204,10 @@ class RSSM(nn.Module):
         """
         B, H = ctrl.shape[:2]
         K = self.cfg.ensemble
+        w = self.core_weights()
         deters, stochs, logps = [], [], []
         for t in range(H):
-            deter = self.core(state, ctrl[:, t])
+            deter = self.core(state, ctrl[:, t], w)
             all_logp = self.prior_logp(deter)  # (B, K, S, C)
             if head is None:
                 idx = torch.randint(0, K, (B,), device=deter.device)
