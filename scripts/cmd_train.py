@@ -37,6 +37,10 @@ def register(sub) -> None:
     p.add_argument("--precision", default="auto", help="auto (bf16-mixed on GPUs, 32-true on CPU) or a Lightning precision")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if RUNDIR holds a checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-calibrate", action="store_true", help="skip calibration (run `wmcheck calibrate RUNDIR` later)")
+    from wmcheck.scripts.cmd_calibrate import add_check_geometry
+
+    add_check_geometry(p)
     p.set_defaults(func=run)
 
 
@@ -59,5 +63,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"bad training option: {exc}", "see `wmcheck train --help`") from None
     result = train(args.log, args.out, rc, resume=not args.no_resume)
     print(f"trained {result.steps} steps; model: {result.model_path}")
+    if not args.no_calibrate and args.val_fraction > 0:
+        from wmcheck.checks.calibration import calibrate
+        from wmcheck.checks.config import CheckConfig
+
+        try:
+            ccfg = CheckConfig(alpha=args.alpha, context=args.context, horizon=args.horizon, max_delay=args.max_delay)
+        except ValueError as exc:
+            raise UserError(f"bad calibration option: {exc}", "see `wmcheck train --help`") from None
+        calibrate(args.out, args.log, ccfg)
     print(f"inspect: tensorboard --logdir {result.run_dir}")
     return 0

@@ -92,6 +92,7 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
                             "use a new --out folder, or the same --preset/--ensemble to resume it")
     write_text_atomic(cfg_path, run_config.to_json())
     data_hash = file_sha256(log_path)
+    write_text_atomic(out / "data.json", json.dumps({"log": str(Path(log_path).resolve()), "sha256": data_hash}, indent=2))
     module = WorldModelModule(run_config, dm.normalizer.to_dict(), dm.channels, data_hash)
     module._openloop_seq = dm.openloop_sequence()
 

@@ -1,0 +1,93 @@
+"""Cutting episodes into blocks: the unit every check scores and every statistic resamples.
+
+Owns `Blocks`: windows of `context + horizon` consecutive steps inside single episodes, in the
+training view's alignment (normalised, `is_first` at column 0 so each block starts from the
+model's initial state, exactly as in training and in calibration), with the episode and start
+step of each. Calibration and checks cut blocks the same way, so their scores are comparable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from wmcheck.datasets.episode import Episode
+from wmcheck.datasets.normalize import Normalizer
+from wmcheck.datasets.windows import Batch, episode_steps
+
+FIELDS = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
+
+
+@dataclass
+class Blocks:
+    batch: Batch  # numpy arrays (n, L, ...)
+    episode: np.ndarray  # (n,) episode id of each block
+    start: np.ndarray  # (n,) first step of each block inside its episode
+    context: int
+    skipped: dict[int, int] = field(default_factory=dict)  # episode id -> steps, too short for a block
+
+    def __len__(self) -> int:
+        return int(self.episode.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.batch.obs.shape[1])
+
+    def subset(self, idx) -> "Blocks":
+        idx = np.asarray(idx)
+        b = Batch(*(getattr(self.batch, f)[idx] for f in FIELDS), images={k: v[idx] for k, v in self.batch.images.items()})
+        return Blocks(b, self.episode[idx], self.start[idx], self.context, dict(self.skipped))
+
+    def with_controls(self, prev_action: np.ndarray | None = None, prev_input: np.ndarray | None = None) -> "Blocks":
+        """The same blocks with replaced (normalised) controls (n, L, A) / (n, L, E)."""
+        b = Batch(*(getattr(self.batch, f) for f in FIELDS), images=self.batch.images)
+        if prev_action is not None:
+            b.prev_action = prev_action.astype(np.float32)
+        if prev_input is not None:
+            b.prev_input = prev_input.astype(np.float32)
+        return Blocks(b, self.episode, self.start, self.context, dict(self.skipped))
+
+    def torch_chunks(self, chunk: int, device="cpu"):
+        """Yield (slice, tensor Batch) chunks of at most `chunk` blocks."""
+        for s in range(0, len(self), chunk):
+            sl = slice(s, min(s + chunk, len(self)))
+            b = Batch(*(getattr(self.batch, f)[sl] for f in FIELDS), images={k: v[sl] for k, v in self.batch.images.items()})
+            yield sl, b.to_torch(device)
+
+
+def make_blocks(episodes: list[Episode], normalizer: Normalizer, context: int, horizon: int,
+                stride: int | None = None) -> Blocks:
+    """Cut each episode's step view (N+1 steps) into windows of L = context + horizon steps.
+
+    Windows start every `stride` steps (default L: non-overlapping) and never cross episodes.
+    Episodes with fewer than L steps are listed in `skipped`.
+    """
+    L = context + horizon
+    stride = stride or L
+    parts, eps, starts, skipped = [], [], [], {}
+    for ep in episodes:
+        s = episode_steps(ep, normalizer)
+        n = len(s)
+        if n < L:
+            skipped[ep.id] = n
+            continue
+        for st in range(0, n - L + 1, stride):
+            parts.append({f: getattr(s, f)[st : st + L] for f in FIELDS})
+            eps.append(ep.id)
+            starts.append(st)
+    if not parts:
+        raise ValueError(f"no episode has the {L} steps (context {context} + horizon {horizon}) a block needs")
+    arrays = {f: np.stack([p[f] for p in parts]) for f in FIELDS}  # each (n, L, ...)
+    forced = ~arrays["is_first"][:, 0]
+    arrays["is_first"][:, 0] = True  # every block starts from the initial state, as in training
+    arrays["prev_action"][forced, 0] = 0.0
+    arrays["prev_input"][forced, 0] = 0.0
+    arrays["reward"][forced, 0] = 0.0
+    return Blocks(Batch(**arrays), np.asarray(eps), np.asarray(starts), context, skipped)
+
+
+def block_states(blocks: Blocks, k: int = 8) -> np.ndarray:
+    """k evenly spaced visited states per block, (n, k, D + A + E) normalised: obs with the control
+    that led there. Used by the distribution two-sample test (whole blocks are the units)."""
+    steps = np.linspace(blocks.context, blocks.length - 1, k).round().astype(int)
+    b = blocks.batch
+    return np.concatenate([b.obs[:, steps], b.prev_action[:, steps], b.prev_input[:, steps]], -1).astype(np.float32)

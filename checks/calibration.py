@@ -1,0 +1,208 @@
+"""Calibration on held-out real episodes: the null distributions every check compares against.
+
+Owns `calibrate(run_dir, log)` and the files it writes next to the model:
+  RUNDIR/calibration.json   config, provenance, power table (small, human-readable)
+  RUNDIR/calibration.npz    arrays: real block scores, attribution search matrices on real
+                            blocks, the training-latent support reference, injected-gap scores
+Held-out = the validation episodes of the model's own split (never trained on). Every statistic
+is per block of consecutive steps, so checks can resample blocks (autocorrelation respected).
+
+Power: the held-out episodes are split in two halves by episode; gaps of graded size are injected
+into half B (actions delayed, commands scaled, observation noise and bias added) and tested against
+half A with the same pooled test a check runs; the smallest size detected with probability
+>= power_target is what a pass is worth.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wmcheck.checks.attribution import SearchMatrices, search_matrices
+from wmcheck.checks.blocks import block_states, make_blocks
+from wmcheck.checks.config import SCORES, CheckConfig
+from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
+from wmcheck.checks.stats import mann_whitney_greater
+from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
+from wmcheck.datasets.logformat import open_log
+from wmcheck.datasets.normalize import Normalizer
+from wmcheck.datasets.split import split_episodes
+from wmcheck.scripts.atomic import atomic_path, write_text_atomic
+from wmcheck.scripts.errors import UserError
+from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
+
+CALIBRATION_VERSION = 1
+POWER_SIZES = {
+    "latency": (1, 2, 3, 4),  # steps the commands are delayed by
+    "actuator": (1.1, 1.25, 1.5, 2.0),  # gain on every command channel
+    "sensor_noise": (0.05, 0.1, 0.25, 0.5),  # Gaussian noise, x each channel's training std
+    "sensor_bias": (0.1, 0.25, 0.5, 1.0),  # bias, x each channel's training std
+}
+POWER_UNITS = {"latency": "steps", "actuator": "gain", "sensor_noise": "x channel std", "sensor_bias": "x channel std"}
+
+
+@dataclass
+class Calibration:
+    config: CheckConfig
+    info: dict  # provenance and sizes
+    real: BlockScores
+    real_search: SearchMatrices
+    real_states: np.ndarray  # (n, k, D + A + E) states visited by the held-out blocks (distribution test)
+    support_ref: np.ndarray  # (M, deter)
+    support_scale: float
+    power: dict  # gap -> {"sizes", "units", "scores": {size: {score: (nB,)}}, "null": {score: (nA,)}}
+
+    def save(self, run_dir: Path) -> None:
+        arrays = {**self.real.to_arrays("real_"), **self.real_search.to_arrays("realJ_"),
+                  "support_ref": self.support_ref.astype(np.float32), "real_states": self.real_states}
+        for score in SCORES:
+            arrays[f"power_null_{score}"] = self.power["null"][score]
+        for gap, entry in self.power["gaps"].items():
+            for i, size in enumerate(entry["sizes"]):
+                for score in SCORES:
+                    arrays[f"power_{gap}_{i}_{score}"] = entry["scores"][i][score]
+        with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
+            np.savez_compressed(tmp, **arrays)
+        meta = {"calibration_version": CALIBRATION_VERSION, "config": self.config.to_dict(), "info": self.info,
+                "support_scale": self.support_scale,
+                "power": {gap: {"sizes": list(e["sizes"]), "units": e["units"]} for gap, e in self.power["gaps"].items()}}
+        write_text_atomic(run_dir / "calibration.json", json.dumps(meta, indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "Calibration":
+        run_dir = Path(run_dir)
+        jpath, npath = run_dir / "calibration.json", run_dir / "calibration.npz"
+        if not jpath.exists() or not npath.exists():
+            raise UserError(f"{run_dir} has no calibration", f"run `wmcheck calibrate {run_dir}` (train does it at the end)")
+        meta = json.loads(jpath.read_text())
+        if meta.get("calibration_version") != CALIBRATION_VERSION:
+            raise UserError(f"{jpath} has calibration version {meta.get('calibration_version')}", f"re-run `wmcheck calibrate {run_dir}`")
+        with np.load(npath, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        power = {"null": {s: arrays[f"power_null_{s}"] for s in SCORES}, "gaps": {}}
+        for gap, e in meta["power"].items():
+            power["gaps"][gap] = {"sizes": e["sizes"], "units": e["units"],
+                                  "scores": [{s: arrays[f"power_{gap}_{i}_{s}"] for s in SCORES} for i in range(len(e["sizes"]))]}
+        return cls(CheckConfig.from_dict(meta["config"]), meta["info"], BlockScores.from_arrays(arrays, "real_"),
+                   SearchMatrices.from_arrays(arrays, "realJ_"), arrays["real_states"], arrays["support_ref"], float(meta["support_scale"]), power)
+
+
+def pooled_detect(checked: dict[str, np.ndarray], null: dict[str, np.ndarray], alpha: float,
+                  rng: np.random.Generator | None = None) -> tuple[bool, dict[str, float]]:
+    """The pooled test of a check: any score's one-sided Mann-Whitney p < alpha / (2 * #scores)."""
+    ps = {s: mann_whitney_greater(checked[s], null[s], rng) for s in SCORES}
+    return any(p < alpha / (2 * len(SCORES)) for p in ps.values()), ps
+
+
+def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, reps: int = 100, seed: int = 0) -> dict:
+    """Detection probability per injected gap size for a check of n_blocks blocks, and the smallest
+    size detected with probability >= target."""
+    rng = np.random.default_rng(seed)
+    table = {}
+    for gap, e in cal.power["gaps"].items():
+        probs = []
+        for scores in e["scores"]:
+            nB = len(scores[SCORES[0]])
+            n = max(1, min(n_blocks, 4 * nB))
+            hits = 0
+            for _ in range(reps):
+                idx = rng.integers(0, nB, size=n)
+                hits += pooled_detect({s: scores[s][idx] for s in SCORES}, cal.power["null"], alpha, rng)[0]
+            probs.append(hits / reps)
+        smallest = next((s for s, p in zip(e["sizes"], probs) if p >= target), None)
+        table[gap] = {"sizes": list(e["sizes"]), "units": e["units"], "detection_probability": probs,
+                      "smallest_detected": smallest}
+    return table
+
+
+def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator):
+    if gap == "latency":
+        return [shift_actions(e, -int(size)) for e in episodes]  # commands take effect `size` steps late
+    if gap == "actuator":
+        out = episodes
+        for c in range(norm.dim("action")):
+            out = [actuator(e, c, gain=float(size)) for e in out]
+        return out
+    std = norm.std["obs"].astype(float)
+    if gap == "sensor_noise":
+        return [observation_noise(e, std=size * std, rng=rng) for e in episodes]
+    return [observation_noise(e, bias=size * std) for e in episodes]
+
+
+def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: CheckConfig | None = None,
+              verbose: bool = True) -> Calibration:
+    run_dir = Path(run_dir)
+    cfg = cfg or CheckConfig()
+    bundle: ModelBundle = load_model(run_dir)
+    log_path = Path(log_path) if log_path else _training_log(run_dir)
+    if not log_path.exists():
+        raise UserError(f"training log {log_path} not found", f"pass it: `wmcheck calibrate {run_dir} LOG.h5`")
+    data_hash = file_sha256(log_path)
+    if data_hash != bundle.data_hash:
+        raise UserError(f"{log_path} is not the log this model was trained on (data hash differs)",
+                        "pass the training log; calibrating on other data would make the thresholds meaningless")
+    t0 = time.perf_counter()
+    say = print if verbose else (lambda *a, **k: None)
+    norm = Normalizer.from_dict(bundle.normalizer)
+    model = bundle.model
+    train_cfg = bundle.run_config["train"]
+    with open_log(log_path) as log:
+        train_ids, val_ids = split_episodes(log.episode_ids, train_cfg["val_fraction"], train_cfg["seed"])
+        if not val_ids:
+            raise UserError("the model has no held-out episodes to calibrate on", "train with --val-fraction > 0 (e.g. 0.2)")
+        held = list(log.episodes(val_ids))
+        train_eps = list(log.episodes(train_ids))
+    try:
+        blocks = make_blocks(held, norm, cfg.context, cfg.horizon)
+    except ValueError as exc:
+        raise UserError(f"held-out episodes too short: {exc}", "use a shorter --horizon/--context or longer episodes") from None
+    say(f"calibrating on {len(held)} held-out episodes ({len(blocks)} blocks of {blocks.length} steps)")
+    # Support reference: latents of training blocks; scale: typical distance of held-out real latents.
+    rng = np.random.default_rng(cfg.seed)
+    train_blocks = make_blocks(train_eps, norm, cfg.context, cfg.horizon)
+    feats = latent_features(model, train_blocks).reshape(-1, model.cfg.deter)
+    ref = feats[rng.choice(len(feats), size=min(cfg.support_refs, len(feats)), replace=False)]
+    held_feats = latent_features(model, blocks).reshape(-1, model.cfg.deter)
+    d = torch.cdist(torch.from_numpy(held_feats), torch.from_numpy(ref)).min(1).values.numpy()
+    scale = float(np.median(d)) or 1.0
+    real = score_blocks(model, blocks, cfg.samples, ref, scale, seed=cfg.seed)
+    say("  attribution searches on real blocks (the null of every search)")
+    real_search = search_matrices(model, held, norm, cfg, norm.std["action"].astype(float))
+    # Power: halves of the held-out episodes (A: null, B: injected).
+    say("  power: injecting gaps of graded size into held-out episodes")
+    half_a, half_b = held[0::2], held[1::2]
+    power = {"null": {}, "gaps": {}}
+    if half_a and half_b:
+        null = score_blocks(model, make_blocks(half_a, norm, cfg.context, cfg.horizon), cfg.samples, seed=cfg.seed)
+        power["null"] = {s: getattr(null, s) for s in SCORES}
+        for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
+            entries = []
+            for size in sizes:
+                inj = _inject(gap, size, half_b, norm, np.random.default_rng([cfg.seed, g]))
+                sc = score_blocks(model, make_blocks(inj, norm, cfg.context, cfg.horizon), cfg.samples, seed=cfg.seed)
+                entries.append({s: getattr(sc, s) for s in SCORES})
+            power["gaps"][gap] = {"sizes": sizes, "units": POWER_UNITS[gap], "scores": entries}
+    else:
+        power["null"] = {s: getattr(real, s) for s in SCORES}
+    info = {"log": str(log_path), "log_sha256": data_hash, "model_sha256": bundle.file_hash,
+            "held_out_episodes": val_ids, "blocks": len(blocks), "block_length": blocks.length,
+            "training_latents": int(len(feats)), "seconds": round(time.perf_counter() - t0, 1),
+            "dt": bundle.channels.get("dt")}
+    if len(blocks) < 20:
+        info["warning"] = (f"only {len(blocks)} held-out blocks: thresholds and power are coarse; "
+                           "hold out more real episodes for sharper checks")
+    cal = Calibration(cfg, info, real, real_search, block_states(blocks), ref, scale, power)
+    cal.save(run_dir)
+    say(f"  calibration written to {run_dir / 'calibration.json'} ({info['seconds']} s)")
+    return cal
+
+
+def _training_log(run_dir: Path) -> Path:
+    data = run_dir / "data.json"
+    if not data.exists():
+        raise UserError(f"{run_dir} does not say which log it was trained on", f"pass it: `wmcheck calibrate {run_dir} LOG.h5`")
+    return Path(json.loads(data.read_text())["log"])

@@ -1,0 +1,395 @@
+"""`wmcheck check` as a function: checked trajectories in, a versioned report dict and a verdict out.
+
+Owns the verdict logic (see product.md):
+  - a block is *outside competence* when its latent-support distance or ensemble disagreement has
+    a conformal p-value below `competence_alpha` against held-out real blocks;
+  - an episode is `unverifiable` when its blocks' support/disagreement are significantly above
+    real ones (Mann-Whitney, alpha / (2 * episodes)); unverifiable is never reported as a pass;
+  - an episode is `divergent` when, on its competent blocks, any score (open-loop divergence,
+    one-step NLL, KL surprise) is significantly above real ones at alpha / (2 * 3 * episodes);
+  - the run additionally gets a pooled test over all competent blocks at alpha / (2 * 3).
+  The union bound keeps the false-alarm rate of a faithful run at or below alpha.
+Then attribution (attribution.py), the distribution test, the power table, and the report.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wmcheck.checks import attribution as attr
+from wmcheck.checks.blocks import block_states, make_blocks
+from wmcheck.checks.calibration import Calibration, power_table
+from wmcheck.checks.config import COMPETENCE, SCORES, Gate
+from wmcheck.checks.scoring import score_blocks
+from wmcheck.checks.stats import block_mmd_test, conformal_p, mann_whitney_greater, rank_auc
+from wmcheck.checks.transforms import actuator, shift_actions
+from wmcheck.datasets.logformat import open_log
+from wmcheck.datasets.normalize import Normalizer
+from wmcheck.scripts.errors import UserError
+from wmcheck.training.checkpoint import file_sha256, load_model
+
+REPORT_VERSION = 1
+NEXT_STEPS = {
+    "latency": "add the estimated action delay to the simulator's control loop (or model the measured loop timing) and re-check",
+    "actuator": "calibrate the simulated actuator: apply the estimated gain / offset / deadband to the commands, then re-check",
+    "sensor_noise": "match the simulated sensor model to the real residuals: noise level, bias, drift; re-check",
+    "dynamics": "revisit the simulator's physics (friction, damping, mass, contact) on the channels and horizons listed; system-identify them from the real logs",
+    "distribution": "collect real logs in the states the checked episodes visit, or restrict the task / initial-state distribution to what the logs cover",
+    "visual": "image observations are not part of this check yet",
+}
+
+
+def _read_checked(path: Path, channels: dict):
+    if not Path(path).exists():
+        raise UserError(f"rollout log {path} does not exist", "record one with `wmcheck record` or import it with `wmcheck import`")
+    with open_log(path) as log:
+        meta = log.meta
+        eps = list(log)
+    problems = []
+    for kind, mine in (("observation", meta.observation_names), ("action", meta.action_names), ("input", meta.input_names)):
+        theirs = channels.get(f"{kind}_names", [])
+        if len(mine) != len(theirs):
+            problems.append(f"{len(mine)} {kind} channels {mine} but the model has {len(theirs)} {theirs}")
+        elif mine != theirs and not all(n.startswith(("obs_", "act_", "action_", "input_")) for n in mine):
+            problems.append(f"{kind} channels {mine} differ from the model's {theirs}")
+    if problems:
+        raise UserError(f"{path} does not fit the model: " + "; ".join(problems),
+                        "record/import the rollouts with the same channels, in the same order, as the real training log")
+    return meta, eps
+
+
+def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = None, command: str | None = None,
+              seed: int = 0) -> dict:
+    t0 = time.perf_counter()
+    run_dir = Path(run_dir)
+    gate = gate or Gate()
+    bundle = load_model(run_dir)
+    cal = Calibration.load(run_dir)
+    cfg = cal.config
+    if cal.info.get("model_sha256") not in (None, bundle.file_hash):
+        raise UserError(f"{run_dir}/calibration.json belongs to another model.pt", f"re-run `wmcheck calibrate {run_dir}`")
+    alpha = float(gate.alpha or cfg.alpha)
+    model, norm = bundle.model, Normalizer.from_dict(bundle.normalizer)
+    meta, episodes = _read_checked(Path(rollouts), bundle.channels)
+    try:
+        blocks = make_blocks(episodes, norm, cfg.context, cfg.horizon)
+    except ValueError as exc:
+        raise UserError(f"{rollouts}: {exc}", f"check episodes of at least {cfg.context + cfg.horizon + 1} steps") from None
+    checked_eps = [e for e in episodes if e.id not in blocks.skipped]
+    sc = score_blocks(model, blocks, cfg.samples, cal.support_ref, cal.support_scale, seed=seed)
+    real = cal.real
+    rng = np.random.default_rng(seed)
+
+    # ---- competence per block
+    p_sup = conformal_p(sc.support, real.support)
+    p_dis = conformal_p(sc.disagreement, real.disagreement) if real.disagreement.max() > 0 else np.ones(len(blocks))
+    comp_alpha = float(gate.score_alpha.get("support", cfg.competence_alpha))
+    competent = (p_sup >= comp_alpha) & (p_dis >= float(gate.score_alpha.get("disagreement", cfg.competence_alpha)))
+    real_step_q = float(np.quantile(real.support_steps, 0.99))
+    coverage = float((sc.support_steps <= real_step_q).mean())
+
+    # ---- per-episode verdicts
+    ep_ids = [e.id for e in checked_eps]
+    n_ep = len(ep_ids)
+    a_ep = alpha / (2 * len(SCORES) * n_ep)
+    a_comp = alpha / (2 * n_ep)
+    div_q = np.quantile(real.div_curve, 1 - alpha, axis=0)  # (H,) per-horizon threshold for the onset
+    ep_entries = []
+    for ep in checked_eps:
+        idx = np.flatnonzero(blocks.episode == ep.id)
+        cidx = idx[competent[idx]]
+        comp_p = {s: mann_whitney_greater(getattr(sc, s)[idx], getattr(real, s), rng) for s in COMPETENCE
+                  if getattr(real, s).max() > 0 or s == "support"}
+        div_p = {s: (mann_whitney_greater(getattr(sc, s)[cidx], getattr(real, s), rng) if len(cidx) else float("nan"))
+                 for s in SCORES}
+        unverifiable = any(p < a_comp for p in comp_p.values()) or len(cidx) == 0
+        divergent = any(p < a_ep for p in div_p.values() if not math.isnan(p))
+        verdict = "unverifiable" if unverifiable else ("divergent" if divergent else "consistent")
+        onset = None
+        for b in cidx:
+            if conformal_p(sc.divergence[b], real.divergence)[0] < alpha:
+                over = np.flatnonzero(sc.div_curve[b] > div_q)
+                onset = int(blocks.start[b] + cfg.context + (over[0] if len(over) else 0))
+                break
+        score = max(rank_auc(getattr(sc, s)[idx], getattr(real, s)) for s in SCORES)
+        ep_entries.append({
+            "id": int(ep.id), "name": ep.name, "steps": int(ep.num_steps), "blocks": int(len(idx)),
+            "verdict": verdict, "score": round(float(score), 4),
+            "divergence_onset_step": onset if verdict == "divergent" else None,
+            "divergence_onset_seconds": (onset * meta.dt if (onset is not None and meta.dt and verdict == "divergent") else None),
+            "p_values": {k: _r(v) for k, v in {**div_p, **comp_p}.items()},
+            "outside_competence_fraction": round(float(1 - competent[idx].mean()), 4),
+            "scores": {s: round(float(getattr(sc, s)[idx].mean()), 4) for s in SCORES + COMPETENCE},
+        })
+
+    # ---- pooled test over competent blocks
+    comp_idx = np.flatnonzero(competent)
+    pooled_p = {s: (mann_whitney_greater(getattr(sc, s)[comp_idx], getattr(real, s), rng) if len(comp_idx) else float("nan"))
+                for s in SCORES}
+    pooled_reject = any(p < alpha / (2 * len(SCORES)) for p in pooled_p.values() if not math.isnan(p))
+
+    # ---- attribution on competent blocks
+    gaps, top_gap, confounded = _attribute(model, norm, cal, sc, checked_eps, blocks, comp_idx, alpha, gate, meta, rng, seed)
+
+    # ---- distribution
+    mmd, p_mmd = block_mmd_test(list(block_states(blocks)), list(cal.real_states), rng)
+    dist_ev = (alpha / max(p_mmd, 1e-12))
+    min_cov = gate.tolerances.get("distribution", {}).get("min_coverage")
+    dist_present = p_mmd < alpha or (min_cov is not None and coverage < min_cov)
+    gaps["distribution"] = {
+        "verdict": "present" if dist_present else "absent", "evidence": round(float(dist_ev), 3),
+        "estimate": {"mmd2": round(mmd, 5), "p_value": _r(p_mmd), "coverage": round(coverage, 4),
+                     "outside_competence_fraction": round(float(1 - competent.mean()), 4)},
+        "ci": None,
+        "explanation": (f"{coverage:.0%} of checked steps lie inside the real data's support "
+                        f"(latent distance within the 99% range of held-out real steps); block MMD two-sample p = {p_mmd:.3g}"),
+    }
+    if top_gap == "none" and not confounded and dist_present and not pooled_reject:
+        top_gap = "distribution"
+
+    # ---- verdict
+    n_div = sum(e["verdict"] == "divergent" for e in ep_entries)
+    n_unv = sum(e["verdict"] == "unverifiable" for e in ep_entries)
+    failing = n_div > 0 or pooled_reject
+    tolerated = failing and _all_tolerated(gaps)
+    if failing and not tolerated:
+        verdict = "fail"
+    elif n_unv > 0:
+        verdict = "unverifiable"
+    else:
+        verdict = "pass"
+    exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and gate.allow_unverifiable) else 1
+    score = max(rank_auc(getattr(sc, s)[comp_idx if len(comp_idx) else slice(None)], getattr(real, s)) for s in SCORES)
+    power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=seed)
+    dt = meta.dt or bundle.channels.get("dt")
+    report = {
+        "report_version": REPORT_VERSION,
+        "verdict": verdict,
+        "exit_code": exit_code,
+        "summary": {
+            "score": round(float(score), 4),
+            "score_meaning": "largest over scores of P(a checked block scores worse than a held-out real block); 0.5 = like reality, 1 = every block worse",
+            "top_gap": top_gap, "confounded": confounded,
+            "episodes": n_ep, "consistent": n_ep - n_div - n_unv, "divergent": n_div, "unverifiable": n_unv,
+            "skipped_short_episodes": {str(k): v for k, v in blocks.skipped.items()},
+            "blocks": int(len(blocks)), "competent_blocks": int(len(comp_idx)),
+            "pooled_p_values": {k: _r(v) for k, v in pooled_p.items()},
+            "alpha": alpha, "tolerated_by_gate": bool(tolerated),
+            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated),
+        },
+        "episodes": ep_entries,
+        "gaps": gaps,
+        "divergence_curve": {
+            "horizon_steps": list(range(1, cfg.horizon + 1)),
+            "checked_mean": _rl(sc.div_curve[comp_idx].mean(0) if len(comp_idx) else sc.div_curve.mean(0)),
+            "real_mean": _rl(real.div_curve.mean(0)), "real_q": _rl(div_q), "real_q_level": 1 - alpha,
+        },
+        "channels": _channels(sc, real, bundle.channels, comp_idx),
+        "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "gaps": power},
+        "thresholds": {"source": gate.source if gate.source != "defaults" else "calibration",
+                       "alpha": alpha, "competence_alpha": comp_alpha, "episode_alpha": a_ep,
+                       "pooled_alpha": alpha / (2 * len(SCORES)), "calibration_blocks": int(len(real.divergence)),
+                       "calibration_warning": cal.info.get("warning")},
+        "provenance": {
+            "wmcheck_version": _version(), "command": command or " ".join(sys.argv),
+            "model_sha256": bundle.file_hash, "training_data_sha256": bundle.data_hash,
+            "rollouts": str(rollouts), "rollouts_sha256": file_sha256(rollouts), "rollouts_source": meta.source,
+            "dt": dt, "seconds": round(time.perf_counter() - t0, 1),
+        },
+        "_plots": _plot_data(sc, blocks, comp_idx, norm, bundle.channels, cfg),
+    }
+    return report
+
+
+def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, rng, seed):
+    cfg = cal.config
+    gaps: dict[str, dict] = {"visual": {"verdict": "not_checked", "evidence": None, "estimate": None, "ci": None,
+                                        "explanation": "the logs have no image observations"}}
+    if len(comp_idx) == 0:
+        for g in ("latency", "actuator", "sensor_noise", "dynamics"):
+            gaps[g] = {"verdict": "not_checked", "evidence": None, "estimate": None, "ci": None,
+                       "explanation": "no block lies inside the model's competence"}
+        return gaps, "none", []
+    astd = norm.std["action"].astype(float)
+    chk = attr.search_matrices(model, eps, norm, cfg, astd)
+    boot_idx = rng.integers(0, len(comp_idx), size=(cfg.bootstrap, len(comp_idx)))
+    reps = cfg.bootstrap
+    dt = meta.dt
+    # latency
+    delays = chk.delays
+    lat = attr.evaluate_search(chk.latency[:, comp_idx], cal.real_search.latency, delays, int(np.flatnonzero(delays == 0)[0]),
+                               alpha, rng, reps, boot_idx)
+    d_best = int(delays[lat.best])
+    tol = gate.tolerances.get("latency", {}).get("max_steps")
+    gaps["latency"] = _gap(lat.evidence, {"steps": d_best, "seconds": (d_best * dt if dt else None),
+                                          "direction": f"the simulator lacks ~{d_best} step(s) of latency (responds earlier than reality)" if d_best > 0 else
+                                          (f"the simulator has ~{-d_best} step(s) too much latency (responds later than reality)" if d_best < 0 else "none")},
+                           list(lat.interval), tolerated=(tol is not None and abs(d_best) <= tol),
+                           explanation=f"shifting the checked commands by {d_best} step(s) lowers the one-step NLL by "
+                                       f"{lat.improvement:.3g} (paired t = {lat.evidence * lat.threshold:.3g}; "
+                                       f"the same search on real blocks stays below {lat.threshold:.3g})",
+                           curve={"delays": delays.tolist(), "mean_log_score": _rl(lat.curve)})
+    # actuator: one factor at a time per channel; Bonferroni over the searches
+    names = norm.names["action"]
+    n_search = max(1, len(chk.actuator))
+    results = {}
+    for key, mat in chk.actuator.items():
+        kind, c = key.split(":")
+        grid = chk.act_values[kind]
+        ident = int(np.flatnonzero(grid == (1.0 if kind == "gain" else 0.0))[0])
+        results[key] = attr.evaluate_search(mat[:, comp_idx], cal.real_search.actuator[key], grid, ident,
+                                            alpha / n_search, rng, reps, boot_idx)
+    if results:
+        best_key = max(results, key=lambda k: results[k].evidence)
+        kind, c = best_key.split(":")
+        r = results[best_key]
+        value = float(chk.act_values[kind][r.best])
+        per_channel = {}
+        for key, res in results.items():
+            k2, c2 = key.split(":")
+            v = float(chk.act_values[k2][res.best])
+            scale = 1.0 if k2 == "gain" else float(astd[int(c2)])
+            per_channel.setdefault(names[int(c2)], {})[k2] = {"estimate": v * scale, "ci": [res.interval[0] * scale, res.interval[1] * scale],
+                                                               "evidence": round(res.evidence, 3)}
+        scale = 1.0 if kind == "gain" else float(astd[int(c)])
+        tol_gain = gate.tolerances.get("actuator", {}).get("max_gain_error")
+        tol_off = gate.tolerances.get("actuator", {}).get("max_offset")
+        tolerated = (kind == "gain" and tol_gain is not None and abs(value - 1) <= tol_gain) or \
+                    (kind == "offset" and tol_off is not None and abs(value * scale) <= tol_off)
+        gaps["actuator"] = _gap(r.evidence, {"channel": names[int(c)], "kind": kind, "value": value * scale,
+                                             "per_channel": per_channel},
+                                [r.interval[0] * scale, r.interval[1] * scale], tolerated=tolerated,
+                                explanation=f"{kind} {value * scale:.3g} on {names[int(c)]} lowers the predictive log-score by {r.improvement:.3g} "
+                                            f"(paired t = {r.evidence * r.threshold:.3g}; real blocks stay below {r.threshold:.3g})")
+        act_boot = np.max(np.stack([res.boot_evidence for res in results.values()]), 0)
+    else:
+        gaps["actuator"] = _gap(0.0, None, None, explanation="no command channels")
+        act_boot = np.zeros(reps)
+    # corrections found above, applied before the residual (sensor) and dynamics tests
+    corrected = eps
+    applied = []
+    if gaps["latency"]["verdict"] in ("present", "tolerated") and d_best != 0:
+        corrected = [shift_actions(e, d_best) for e in corrected]
+        applied.append(f"delay {d_best} steps")
+    if gaps["actuator"]["verdict"] in ("present", "tolerated"):
+        est = gaps["actuator"]["estimate"]
+        c = names.index(est["channel"])
+        kw = {"gain": dict(gain=est["value"]), "offset": dict(offset=est["value"]), "deadband": dict(band=est["value"])}[est["kind"]]
+        corrected = [actuator(e, c, **kw) for e in corrected]
+        applied.append(f"{est['kind']} {est['value']:.3g} on {est['channel']}")
+    sc_corr = sc if not applied else score_blocks(model, make_blocks(corrected, norm, cfg.context, cfg.horizon), cfg.samples,
+                                                  cal.support_ref, cal.support_scale, seed=seed)
+    # sensor noise
+    sens = attr.residual_evidence(sc_corr.resid_std[comp_idx], cal.real.resid_std, sc_corr.resid_mean[comp_idx], cal.real.resid_mean,
+                                  alpha / max(1, sc_corr.resid_std.shape[1]), rng, reps, boot_idx)
+    obs_names = norm.names["obs"]
+    std_obs = norm.std["obs"].astype(float)
+    ac1_c, ac1_r = sc_corr.resid_ac1[comp_idx].mean(0), cal.real.resid_ac1.mean(0)
+    worst = int(np.argmax(sens["evidence_per_channel"]))
+    tol = gate.tolerances.get("sensor_noise", {})
+    ratio = float(sens["ratio"][worst])
+    tolerated = ("max_ratio" in tol and max(ratio, 1 / max(ratio, 1e-9)) <= tol["max_ratio"])
+    gaps["sensor_noise"] = _gap(sens["evidence"], {
+        "channel": obs_names[worst], "noise_ratio": ratio, "bias": float(sens["bias"][worst] * std_obs[worst]),
+        "per_channel": {obs_names[d]: {"noise_ratio": float(sens["ratio"][d]),
+                                       "noise_ratio_ci": [float(sens["ratio_interval"][0][d]), float(sens["ratio_interval"][1][d])],
+                                       "bias": float(sens["bias"][d] * std_obs[d]),
+                                       "residual_ac1": float(ac1_c[d]), "real_residual_ac1": float(ac1_r[d]),
+                                       "evidence": round(float(sens["evidence_per_channel"][d]), 3)} for d in range(len(obs_names))}},
+        [float(sens["ratio_interval"][0][worst]), float(sens["ratio_interval"][1][worst])], tolerated=tolerated,
+        explanation=f"one-step residuals of {obs_names[worst]}: noise level {ratio:.2f}x reality's, bias "
+                    f"{sens['bias'][worst] * std_obs[worst]:.3g}; lag-1 autocorrelation {ac1_c[worst]:.2f} (real {ac1_r[worst]:.2f}: "
+                    f"{'whiter' if ac1_c[worst] < ac1_r[worst] else 'more coloured'} than reality)")
+    # dynamics: late-horizon divergence after the corrections
+    dyn_ev, dyn_boot, dyn_thr = attr.excess_evidence(sc_corr.div_late[comp_idx], cal.real.div_late, alpha, rng, reps, boot_idx)
+    per_ch = sc_corr.div_channel[comp_idx].mean(0) / np.maximum(cal.real.div_channel.mean(0), 1e-9)
+    H = sc.div_curve.shape[1]
+    gaps["dynamics"] = _gap(dyn_ev, {"excess_late_horizon_z2": float(sc_corr.div_late[comp_idx].mean() - cal.real.div_late.mean()),
+                                     "per_channel_ratio": {obs_names[d]: round(float(per_ch[d]), 3) for d in range(len(obs_names))},
+                                     "after_corrections": applied,
+                                     "per_horizon_ratio": _rl(sc_corr.div_curve[comp_idx].mean(0) / np.maximum(cal.real.div_curve.mean(0), 1e-9))},
+                            None, explanation=f"standardised open-loop error over horizon steps {H // 2 + 1}-{H} after "
+                                              f"{', '.join(applied) or 'no correction'}: {sc_corr.div_late[comp_idx].mean():.3g} vs real "
+                                              f"{cal.real.div_late.mean():.3g} (null threshold +{dyn_thr:.3g})")
+    boot = {"latency": lat.boot_evidence, "actuator": act_boot, "sensor_noise": sens["boot_evidence"], "dynamics": dyn_boot}
+    present = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] in ("present", "tolerated")]
+    top, confounded = attr.separate_top(boot, present)
+    for g in confounded:
+        gaps[g]["confounded_with"] = [o for o in confounded if o != g]
+    return gaps, top, confounded
+
+
+def _gap(evidence, estimate, ci, tolerated=False, explanation="", **extra) -> dict:
+    present = evidence is not None and evidence >= 1.0
+    verdict = ("tolerated" if tolerated else "present") if present else "absent"
+    out = {"verdict": verdict, "evidence": None if evidence is None else round(float(evidence), 3),
+           "estimate": estimate, "ci": ci, "explanation": explanation}
+    out.update(extra)
+    return out
+
+
+def _all_tolerated(gaps: dict) -> bool:
+    present = [g for g, e in gaps.items() if e["verdict"] in ("present", "tolerated") and g != "distribution"]
+    return bool(present) and all(gaps[g]["verdict"] == "tolerated" for g in present) and gaps["dynamics"]["verdict"] != "present"
+
+
+def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated) -> str:
+    parts = []
+    if verdict == "pass":
+        parts.append(f"PASS: {n_ep} episode(s) consistent with reality as the model knows it" + (" (gaps within gate tolerances)" if tolerated else "") + ".")
+        worth = [f"{g} >= {p['smallest_detected']} {p['units']}" for g, p in power.items() if p["smallest_detected"] is not None]
+        undetectable = [g for g, p in power.items() if p["smallest_detected"] is None]
+        parts.append("This pass would have caught: " + (", ".join(worth) or "none of the injected gap sizes") + "."
+                     + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else ""))
+    elif verdict == "fail":
+        parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
+    else:
+        parts.append(f"UNVERIFIABLE: {n_unv} of {n_ep} episode(s) visit states where the model is not competent; this is not a pass.")
+    if top != "none":
+        e = gaps[top]
+        parts.append(f"Top gap: {top} ({e['explanation']}).")
+    elif confounded:
+        parts.append(f"The evidence does not separate {', '.join(confounded)}: they are confounded.")
+    return " ".join(parts)
+
+
+def _channels(sc, real, channels, comp_idx) -> list[dict]:
+    idx = comp_idx if len(comp_idx) else slice(None)
+    names = channels.get("observation_names", [])
+    units = channels.get("units", {})
+    return [{"name": n, "unit": units.get(n), "nll_checked": round(float(sc.nll_channel[idx, d].mean()), 4),
+             "nll_real": round(float(real.nll_channel[:, d].mean()), 4),
+             "divergence_checked": round(float(sc.div_channel[idx, d].mean()), 4),
+             "divergence_real": round(float(real.div_channel[:, d].mean()), 4)} for d, n in enumerate(names)]
+
+
+def _plot_data(sc, blocks, comp_idx, norm, channels, cfg) -> dict:
+    """Worst blocks' overlays (raw units) for the HTML report; not part of the JSON schema."""
+    order = np.argsort(-sc.divergence)
+    worst = [int(i) for i in order[:3]]
+    mean, std = norm.mean["obs"], norm.std["obs"]
+    out = []
+    for b in worst:
+        out.append({"episode": int(blocks.episode[b]), "start": int(blocks.start[b]), "context": cfg.context,
+                    "truth": (blocks.batch.obs[b] * std + mean).tolist(),
+                    "pred": (sc.pred_mean[b] * std + mean).tolist(), "lo": (sc.pred_lo[b] * std + mean).tolist(),
+                    "hi": (sc.pred_hi[b] * std + mean).tolist()})
+    return {"worst_blocks": out, "names": channels.get("observation_names", [])}
+
+
+def _r(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(f"{x:.4g}")
+
+
+def _rl(a) -> list:
+    return [float(f"{v:.4g}") for v in np.asarray(a, float).ravel()]
+
+
+def _version() -> str:
+    from wmcheck.scripts.cli import version
+
+    return version()

@@ -1,0 +1,60 @@
+"""Writing a check's outputs: report.json (schema-versioned), report.html and a TensorBoard run.
+
+Owns the output folder layout (REPORTDIR/report.json, report.html, tb/) and atomic writes: each file
+is written under a temporary name and renamed, so a killed check never leaves a half report.
+"""
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from wmcheck.checks.report_html import divergence_figure, overlay_figures, render_html
+from wmcheck.scripts.atomic import write_text_atomic
+
+
+def schema() -> dict:
+    return json.loads((resources.files("wmcheck.checks") / "schema" / "report.schema.json").read_text())
+
+
+def public_report(report: dict) -> dict:
+    return {k: v for k, v in report.items() if not k.startswith("_")}
+
+
+def write_outputs(report: dict, out_dir: str | Path, tensorboard: bool = True) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "report.json", "html": out / "report.html"}
+    write_text_atomic(paths["json"], json.dumps(public_report(report), indent=2, allow_nan=False))
+    write_text_atomic(paths["html"], render_html(report))
+    if tensorboard:
+        paths["tensorboard"] = write_tensorboard(report, out / "tb")
+    return paths
+
+
+def write_tensorboard(report: dict, logdir: Path) -> Path:
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(str(logdir))
+    s = report["summary"]
+    w.add_scalar("check/score", s["score"], 0)
+    w.add_scalar("check/pass", 1.0 if report["verdict"] == "pass" else 0.0, 0)
+    for key in ("divergent", "unverifiable", "consistent"):
+        w.add_scalar(f"check/episodes_{key}", s[key], 0)
+    for gap, g in report["gaps"].items():
+        if g.get("evidence") is not None:
+            w.add_scalar(f"check/evidence/{gap}", g["evidence"], 0)
+    curve = report["divergence_curve"]
+    for h, c, r in zip(curve["horizon_steps"], curve["checked_mean"], curve["real_mean"]):
+        w.add_scalars("check/divergence_vs_horizon", {"checked": c, "real": r}, h)
+    w.add_figure("check/divergence_vs_horizon_fig", divergence_figure(report), 0)
+    for i, (caption, fig) in enumerate(overlay_figures(report)):
+        w.add_figure(f"check/worst_block_{i}", fig, 0)
+    emb = report.get("_embedding")
+    if emb is not None:
+        w.add_embedding(np.asarray(emb["features"]), metadata=emb["labels"], tag="check/latent_states")
+    w.add_text("check/summary", s["message"], 0)
+    w.close()
+    return logdir

@@ -1,0 +1,56 @@
+"""Transformations of episodes: the corrections attribution tries and the gaps power injects.
+
+Owns pure functions Episode -> Episode (raw units; nothing here knows the model):
+  shift_actions(ep, d)      actions'[t] = actions[t + d] (edges held): d > 0 feeds the model the
+                            commands d steps *later*, which is what reality sees when it responds
+                            d steps later than the checked data (d steps of missing latency)
+  actuator(ep, c, ...)      commands of channel c through gain / offset / deadband
+  observation_noise(...)    add Gaussian noise or a bias to observation channels
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from wmcheck.datasets.episode import Episode
+
+
+def _replace(ep: Episode, **kw) -> Episode:
+    return dataclasses.replace(ep, **kw)
+
+
+def shift_actions(ep: Episode, d: int) -> Episode:
+    n = ep.num_steps
+    if d == 0 or n == 0:
+        return ep
+    idx = np.clip(np.arange(n) + d, 0, n - 1)
+    return _replace(ep, actions=ep.actions[idx])
+
+
+def deadband(a: np.ndarray, width: float) -> np.ndarray:
+    """Zero inside [-width, width], shifted linear outside (continuous at the edges)."""
+    if width <= 0:
+        return a
+    return np.sign(a) * np.maximum(np.abs(a) - width, 0.0)
+
+
+def actuator(ep: Episode, channel: int, gain: float = 1.0, offset: float = 0.0, band: float = 0.0) -> Episode:
+    """Channel `channel` of the commands becomes deadband(a, band) * gain + offset (raw units)."""
+    if gain == 1.0 and offset == 0.0 and band == 0.0:
+        return ep
+    a = ep.actions.astype(np.float64).copy()
+    a[:, channel] = deadband(a[:, channel], band) * gain + offset
+    return _replace(ep, actions=a.astype(np.float32))
+
+
+def observation_noise(ep: Episode, std: np.ndarray | None = None, bias: np.ndarray | None = None,
+                      rng: np.random.Generator | None = None) -> Episode:
+    """Observations + bias + N(0, std^2) per channel (arrays of shape (D,), raw units)."""
+    obs = ep.observations.astype(np.float64).copy()  # (N+1, D)
+    if bias is not None:
+        obs += np.asarray(bias, float)[None, :]
+    if std is not None:
+        rng = rng or np.random.default_rng(0)
+        obs += rng.normal(size=obs.shape) * np.asarray(std, float)[None, :]
+    return _replace(ep, observations=obs.astype(np.float32))
