@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from wmcheck.scripts.errors import UserError
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `wmcheck <command> --help` for each command's options.",
     )
     parser.add_argument("--version", action="store_true", help="print the wmcheck version and exit")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for PyTorch (default: $WMCHECK_THREADS, else PyTorch's default). Use 1 "
+                             "when other jobs share the cores: small recurrent models slow down badly when threads contend")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name in SUBCOMMANDS:
         try:
@@ -66,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    threads = args.threads or (int(os.environ["WMCHECK_THREADS"]) if os.environ.get("WMCHECK_THREADS", "").isdigit() else None)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -23,4 +23,14 @@ if ! .venv/bin/python -c "import wmcheck.scripts.cli, pytest, mujoco" 2>/dev/nul
     .venv/bin/python -m pip install -q -e ".[$extras]"
     touch .venv/.wmcheck-installed
 fi
+# Headless Chromium renders report.html in the tests (Debian's package; needs root and apt-get).
+if [ "${WMCHECK_NO_BROWSER:-0}" != "1" ] && ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing chromium for the HTML report tests"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+            || echo "setup: could not install chromium; the browser test will be skipped"
+    else
+        echo "setup: chromium not found and cannot be installed here; the browser test will be skipped"
+    fi
+fi
 echo "setup: ready (.venv/bin/wmcheck)"

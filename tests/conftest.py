@@ -1,8 +1,17 @@
 """Shared fixtures: small real-simulator logs recorded with gymnasium (no mocks)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+import torch
+
+# One thread: these tiny recurrent models gain nothing from two, and two threads per process slow
+# down by orders of magnitude as soon as another process shares the cores (CI machines are shared).
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("WMCHECK_THREADS", "1")
 
 
 def record_pendulum(path, episodes: int = 12, steps: int = 200, hold: int = 5, seed: int = 0):

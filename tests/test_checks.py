@@ -1,0 +1,176 @@
+"""The consistency check end to end on a known "reality" (gymnasium + injected gaps, no mocks).
+
+A world model is trained once on Pendulum-v1 logs recorded under an exciting policy; simulators
+are then built from the same env with known gaps. The check must pass faithful simulators (a
+detector that flags everything fails here), detect each gap at a clear size and attribute it with
+a sensible estimate (one that flags nothing fails there), and call a simulator that visits states
+the real logs never saw `unverifiable`, never `pass`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wmcheck.checks.calibration import calibrate
+from wmcheck.checks.check import run_check
+from wmcheck.checks.config import CheckConfig, Gate
+from wmcheck.checks.reality import RealityProfile, record_reality
+from wmcheck.checks.report_write import schema, write_outputs
+from wmcheck.datasets.episode import LogMeta
+from wmcheck.datasets.logformat import open_log, write_log
+from wmcheck.datasets.record import record_episodes
+from wmcheck.scripts.errors import UserError
+from wmcheck.training.config import TrainConfig
+from wmcheck.training.run import build_run_config, train
+
+pytestmark = pytest.mark.slow
+
+
+def _train(tmp: Path, real_log: Path, steps: int) -> Path:
+    run = tmp / "run"
+    cfg = TrainConfig(preset="debug", max_steps=steps, lr=1e-3, warmup=100, val_every=steps, ckpt_every=steps,
+                      progress_bar=False, seed=0)
+    train(real_log, run, build_run_config(cfg))
+    calibrate(run, real_log, CheckConfig(), verbose=False)
+    return run
+
+
+@pytest.fixture(scope="module")
+def pendulum(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pendulum")
+    eps = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=40, max_steps=200, seed=0)
+    meta = LogMeta(source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"])
+    write_log(tmp / "real.h5", eps, meta)
+    return _train(tmp, tmp / "real.h5", 3000), meta, tmp
+
+
+def _sim(tmp: Path, meta: LogMeta, name: str, profile: RealityProfile, policy="hold:5", seed=5000, env="Pendulum-v1") -> Path:
+    eps = record_reality(env, profile, policy, episodes=10, max_steps=200, seed=seed)
+    path = tmp / f"{name}.h5"
+    write_log(path, eps, LogMeta(**{**meta.__dict__, "source": "sim"}))
+    return path
+
+
+def _present(report) -> set[str]:
+    return {g for g, e in report["gaps"].items() if e["verdict"] == "present"}
+
+
+def test_faithful_simulator_passes(pendulum):
+    run, meta, tmp = pendulum
+    report = run_check(run, _sim(tmp, meta, "faithful", RealityProfile()))
+    assert report["verdict"] == "pass" and report["exit_code"] == 0, report["summary"]
+    assert report["summary"]["top_gap"] == "none"
+    assert _present(report) == set()
+    assert report["summary"]["score"] < 0.75
+    assert "would have caught" in report["summary"]["message"]  # a pass states its power
+
+
+def test_latency_gap_detected_and_estimated(pendulum):
+    run, meta, tmp = pendulum
+    report = run_check(run, _sim(tmp, meta, "latency", RealityProfile(latency_steps=2)))
+    assert report["verdict"] == "fail" and report["exit_code"] == 1
+    assert report["summary"]["top_gap"] == "latency", report["gaps"]
+    est = report["gaps"]["latency"]["estimate"]
+    # the simulator responds 2 steps later than reality: the correction shifts the commands by -2
+    assert -3 <= est["steps"] <= -1, est
+    assert report["summary"]["score"] > 0.8
+    assert any(e["divergence_onset_step"] is not None for e in report["episodes"] if e["verdict"] == "divergent")
+
+
+def test_sensor_noise_gap_detected(pendulum):
+    run, meta, tmp = pendulum
+    report = run_check(run, _sim(tmp, meta, "noise", RealityProfile(sensor_noise_std=[0.1, 0.1, 0.5], seed=3)))
+    assert report["verdict"] == "fail"
+    assert report["summary"]["top_gap"] == "sensor_noise", report["gaps"]
+    assert report["gaps"]["sensor_noise"]["estimate"]["noise_ratio"] > 1.5
+
+
+def test_actuator_gain_gap_detected(pendulum):
+    run, meta, tmp = pendulum
+    report = run_check(run, _sim(tmp, meta, "gain", RealityProfile(actuator_gain=0.5)))
+    assert report["verdict"] == "fail"
+    assert "actuator" in _present(report) | set(report["summary"]["confounded"]), report["gaps"]
+    est = report["gaps"]["actuator"]["estimate"]
+    assert est["kind"] == "gain" and 0.4 <= est["value"] <= 0.8, est
+
+
+def test_report_files_schema_html_and_gate(pendulum, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    run, meta, tmp = pendulum
+    sim = tmp / "latency.h5" if (tmp / "latency.h5").exists() else _sim(tmp, meta, "latency", RealityProfile(latency_steps=2))
+    report = run_check(run, sim)
+    paths = write_outputs(report, tmp_path / "report")
+    data = json.loads(paths["json"].read_text())
+    jsonschema.validate(data, schema())
+    assert data["verdict"] == "fail" and set(data["gaps"]) >= {"latency", "actuator", "sensor_noise", "dynamics", "distribution", "visual"}
+    bad = dict(data, verdict="maybe")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema())
+    assert any(p.name.startswith("events") for p in (tmp_path / "report" / "tb").iterdir())
+    # The HTML report renders in a real headless browser and shows the verdict and the gap table.
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("chromium not installed (scripts/setup.sh installs it)")
+    out = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
+                          "--virtual-time-budget=3000", "--dump-dom", paths["html"].resolve().as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    dom = out.stdout
+    assert 'id="verdict"' in dom and "FAIL" in dom, out.stderr[-2000:]
+    assert 'id="gap-table"' in dom and dom.count("<tr>") >= 7 and "latency" in dom
+    assert "<img src=\"data:image/png;base64," in dom  # figures embedded, no network
+    # A gate that tolerates a 2-step latency turns the same finding into a pass (amber row).
+    gate_file = tmp_path / "gate.yaml"
+    gate_file.write_text("tolerances:\n  latency: {max_steps: 3}\n")
+    gated = run_check(run, sim, Gate.load(gate_file))
+    assert gated["gaps"]["latency"]["verdict"] == "tolerated"
+    bad_gate = tmp_path / "bad.yaml"
+    bad_gate.write_text("alpha: 2\n")
+    with pytest.raises(UserError):
+        Gate.load(bad_gate)
+
+
+def test_cli_exit_codes(pendulum, tmp_path):
+    from wmcheck.scripts.cli import main
+
+    run, meta, tmp = pendulum
+    faithful = tmp / "faithful.h5" if (tmp / "faithful.h5").exists() else _sim(tmp, meta, "faithful", RealityProfile())
+    assert main(["check", str(run), "--rollouts", str(faithful), "--out", str(tmp_path / "ok"), "--no-tensorboard"]) == 0
+    assert (tmp_path / "ok" / "report.html").exists()
+    assert main(["check", str(run), "--rollouts", str(tmp_path / "missing.h5"), "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x" / "report.json").exists()
+    # wrong channels: a log with 2 observation channels
+    eps = record_episodes("MountainCarContinuous-v0", "random", episodes=1, max_steps=80, seed=0)
+    write_log(tmp_path / "other.h5", eps, LogMeta(source="sim", dt=1.0))
+    assert main(["check", str(run), "--rollouts", str(tmp_path / "other.h5"), "--out", str(tmp_path / "y")]) == 2
+
+
+def _pump(obs):
+    """Energy-pumping MountainCar controller: push in the direction of motion."""
+    return np.array([1.0 if obs[1] >= 0 else -1.0], np.float32)
+
+
+def test_out_of_support_simulator_is_unverifiable(tmp_path):
+    # Reality: MountainCarContinuous under weak random commands stays in the valley; the checked
+    # policy pumps energy and climbs to states no real log contains.
+    eps = record_episodes("MountainCarContinuous-v0", "hold:10", episodes=30, max_steps=200, seed=0)
+    meta = LogMeta(source="real", dt=1.0, observation_names=["position", "velocity"], action_names=["force"])
+    write_log(tmp_path / "real.h5", eps, meta)
+    with open_log(tmp_path / "real.h5") as log:
+        real_max_x = max(float(e.observations[:, 0].max()) for e in log)
+    run = _train(tmp_path, tmp_path / "real.h5", 1500)
+    sim_eps = record_episodes("MountainCarContinuous-v0", _pump, episodes=8, max_steps=200, seed=100)
+    assert max(float(e.observations[:, 0].max()) for e in sim_eps) > real_max_x + 0.2
+    write_log(tmp_path / "sim.h5", sim_eps, LogMeta(**{**meta.__dict__, "source": "policy"}))
+    report = run_check(run, tmp_path / "sim.h5")
+    assert report["verdict"] == "unverifiable", report["summary"]
+    assert report["exit_code"] == 1
+    assert report["summary"]["unverifiable"] >= 1
+    assert report["gaps"]["distribution"]["estimate"]["coverage"] < 0.9
+    allowed = run_check(run, tmp_path / "sim.h5", Gate(allow_unverifiable=True))
+    assert allowed["verdict"] == "unverifiable" and allowed["exit_code"] == 0
