@@ -22,7 +22,7 @@ def register(sub) -> None:
         ),
     )
     p.add_argument("--out", type=Path, default=Path("wmcheck-demo"), help="output folder (default ./wmcheck-demo)")
-    p.add_argument("--max-steps", type=int, default=1500, help="training steps (default 1500)")
+    p.add_argument("--max-steps", type=int, default=800, help="training steps (default 800)")
     p.add_argument("--preset", default="debug", help="world-model preset (default debug)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -53,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if not report.ok:
         return 2
     _stage(3, total, f"training a '{args.preset}' world model for {args.max_steps} steps (CPU)")
-    cfg = TrainConfig(preset=args.preset, max_steps=args.max_steps, lr=1e-3, warmup=100, val_every=500,
-                      ckpt_every=250, progress_bar=not args.no_progress)
+    cfg = TrainConfig(preset=args.preset, max_steps=args.max_steps, lr=1e-3, warmup=min(100, args.max_steps),
+                      val_every=max(1, min(400, args.max_steps)), ckpt_every=max(1, min(200, args.max_steps)),
+                      progress_bar=not args.no_progress)
     result = train(log, out / "run", build_run_config(cfg))
     print(f"\ndone in {time.perf_counter() - t0:.0f} s")
     print(f"  log:         {log}")

@@ -31,12 +31,18 @@ from wmcheck.training.run import build_run_config, train
 pytestmark = pytest.mark.slow
 
 
+# Coarser search grids than the defaults keep each check to seconds on a CI CPU; they still contain
+# the sizes the tests inject (gain 0.5) and the identity.
+LIGHT = CheckConfig(gain_grid=(0.5, 0.8, 1.0, 1.25, 2.0), offset_grid=(-0.5, 0.0, 0.5), deadband_grid=(0.0, 0.25),
+                    max_delay=3, bootstrap=200)
+
+
 def _train(tmp: Path, real_log: Path, steps: int) -> Path:
     run = tmp / "run"
-    cfg = TrainConfig(preset="debug", max_steps=steps, lr=1e-3, warmup=100, val_every=steps, ckpt_every=steps,
-                      progress_bar=False, seed=0)
+    cfg = TrainConfig(preset="debug", max_steps=steps, seq_len=32, lr=1e-3, warmup=100, val_every=steps,
+                      ckpt_every=steps, progress_bar=False, seed=0)
     train(real_log, run, build_run_config(cfg))
-    calibrate(run, real_log, CheckConfig(), verbose=False)
+    calibrate(run, real_log, LIGHT, verbose=False)
     return run
 
 
@@ -46,11 +52,11 @@ def pendulum(tmp_path_factory):
     eps = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=40, max_steps=200, seed=0)
     meta = LogMeta(source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"])
     write_log(tmp / "real.h5", eps, meta)
-    return _train(tmp, tmp / "real.h5", 3000), meta, tmp
+    return _train(tmp, tmp / "real.h5", 2000), meta, tmp
 
 
 def _sim(tmp: Path, meta: LogMeta, name: str, profile: RealityProfile, policy="hold:5", seed=5000, env="Pendulum-v1") -> Path:
-    eps = record_reality(env, profile, policy, episodes=10, max_steps=200, seed=seed)
+    eps = record_reality(env, profile, policy, episodes=8, max_steps=200, seed=seed)
     path = tmp / f"{name}.h5"
     write_log(path, eps, LogMeta(**{**meta.__dict__, "source": "sim"}))
     return path
