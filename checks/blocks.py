@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
-from wmcheck.datasets.windows import Batch, episode_steps
+from wmcheck.datasets.windows import BATCH_FIELDS, Batch, episode_steps
 
-FIELDS = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
 
 
 @dataclass
@@ -34,12 +33,11 @@ class Blocks:
 
     def subset(self, idx) -> "Blocks":
         idx = np.asarray(idx)
-        b = Batch(*(getattr(self.batch, f)[idx] for f in FIELDS), images={k: v[idx] for k, v in self.batch.images.items()})
-        return Blocks(b, self.episode[idx], self.start[idx], self.context, dict(self.skipped))
+        return Blocks(self.batch.map(lambda x: x[idx]), self.episode[idx], self.start[idx], self.context, dict(self.skipped))
 
     def with_controls(self, prev_action: np.ndarray | None = None, prev_input: np.ndarray | None = None) -> "Blocks":
         """The same blocks with replaced (normalised) controls (n, L, A) / (n, L, E)."""
-        b = Batch(*(getattr(self.batch, f) for f in FIELDS), images=self.batch.images)
+        b = self.batch.map(lambda x: x)
         if prev_action is not None:
             b.prev_action = prev_action.astype(np.float32)
         if prev_input is not None:
@@ -50,8 +48,7 @@ class Blocks:
         """Yield (slice, tensor Batch) chunks of at most `chunk` blocks."""
         for s in range(0, len(self), chunk):
             sl = slice(s, min(s + chunk, len(self)))
-            b = Batch(*(getattr(self.batch, f)[sl] for f in FIELDS), images={k: v[sl] for k, v in self.batch.images.items()})
-            yield sl, b.to_torch(device)
+            yield sl, self.batch.map(lambda x: x[sl]).to_torch(device)
 
 
 def make_blocks(episodes: list[Episode], normalizer: Normalizer, context: int, horizon: int,
@@ -71,12 +68,12 @@ def make_blocks(episodes: list[Episode], normalizer: Normalizer, context: int, h
             skipped[ep.id] = n
             continue
         for st in range(0, n - L + 1, stride):
-            parts.append({f: getattr(s, f)[st : st + L] for f in FIELDS})
+            parts.append({f: getattr(s, f)[st : st + L] for f in BATCH_FIELDS})
             eps.append(ep.id)
             starts.append(st)
     if not parts:
         raise ValueError(f"no episode has the {L} steps (context {context} + horizon {horizon}) a block needs")
-    arrays = {f: np.stack([p[f] for p in parts]) for f in FIELDS}  # each (n, L, ...)
+    arrays = {f: np.stack([p[f] for p in parts]) for f in BATCH_FIELDS}  # each (n, L, ...)
     forced = ~arrays["is_first"][:, 0]
     arrays["is_first"][:, 0] = True  # every block starts from the initial state, as in training
     arrays["prev_action"][forced, 0] = 0.0

@@ -1,10 +1,12 @@
 """`wmcheck check` as a function: checked trajectories in, a versioned report dict and a verdict out.
 
 Owns the verdict logic (see product.md):
-  - a block is *outside competence* when its latent-support distance or ensemble disagreement has
-    a conformal p-value below `competence_alpha` against held-out real blocks;
-  - an episode is `unverifiable` when its blocks' support/disagreement are significantly above
-    real ones (Mann-Whitney, alpha / (2 * episodes)); unverifiable is never reported as a pass;
+  - a block is outside competence when the median of its steps' latent distances to the training
+    support exceeds the (1 - competence_alpha) quantile of held-out real steps' distances, or its
+    ensemble disagreement has a conformal p-value below competence_alpha;
+  - an episode is `unverifiable` when any of its blocks is outside competence or its blocks'
+    support/disagreement are significantly above real ones (Mann-Whitney, alpha / (2 * episodes)),
+    unless its competent blocks already show it divergent; unverifiable is never a pass;
   - an episode is `divergent` when, on its competent blocks, any score (open-loop divergence,
     one-step NLL, KL surprise) is significantly above real ones at alpha / (2 * 3 * episodes);
   - the run additionally gets a pooled test over all competent blocks at alpha / (2 * 3).
@@ -85,10 +87,14 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     rng = np.random.default_rng(seed)
 
     # ---- competence per block
-    p_sup = conformal_p(sc.support, real.support)
-    p_dis = conformal_p(sc.disagreement, real.disagreement) if real.disagreement.max() > 0 else np.ones(len(blocks))
+    # Support: the calibrated bound is the (1 - competence_alpha) quantile of held-out real steps'
+    # latent distances; a block is outside competence when most of its steps (the median) lie beyond
+    # it. Disagreement (K > 1): conformal p of the block mean against real blocks.
     comp_alpha = float(gate.score_alpha.get("support", cfg.competence_alpha))
-    competent = (p_sup >= comp_alpha) & (p_dis >= float(gate.score_alpha.get("disagreement", cfg.competence_alpha)))
+    support_bound = float(np.quantile(real.support_steps, 1 - comp_alpha))
+    p_dis = conformal_p(sc.disagreement, real.disagreement) if real.disagreement.max() > 0 else np.ones(len(blocks))
+    competent = (np.median(sc.support_steps, 1) <= support_bound) & \
+                (p_dis >= float(gate.score_alpha.get("disagreement", cfg.competence_alpha)))
     real_step_q = float(np.quantile(real.support_steps, 0.99))
     coverage = float((sc.support_steps <= real_step_q).mean())
 
@@ -106,13 +112,19 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
                   if getattr(real, s).max() > 0 or s == "support"}
         div_p = {s: (mann_whitney_greater(getattr(sc, s)[cidx], getattr(real, s), rng) if len(cidx) else float("nan"))
                  for s in SCORES}
-        unverifiable = any(p < a_comp for p in comp_p.values()) or len(cidx) == 0
+        # Divergent where the model is competent; otherwise any block beyond the competence bounds
+        # (or a significant shift of the episode's support / disagreement) makes it unverifiable.
+        unverifiable = any(p < a_comp for p in comp_p.values()) or len(cidx) < len(idx)
         divergent = any(p < a_ep for p in div_p.values() if not math.isnan(p))
-        verdict = "unverifiable" if unverifiable else ("divergent" if divergent else "consistent")
+        verdict = "divergent" if divergent else ("unverifiable" if unverifiable else "consistent")
         onset = None
+        # The first competent block that a score flags: conformal p below alpha, or (with few
+        # calibration blocks, where p cannot go below 1/(m+1)) a score above every real block.
+        p_floor = max(alpha, 1.0 / (len(real.divergence) + 1))
         for b in cidx:
-            if conformal_p(sc.divergence[b], real.divergence)[0] < alpha:
-                over = np.flatnonzero(sc.div_curve[b] > div_q)
+            ps = {s: conformal_p(getattr(sc, s)[b], getattr(real, s))[0] for s in SCORES}
+            if min(ps.values()) <= p_floor:
+                over = np.flatnonzero(sc.div_curve[b] > div_q) if ps["divergence"] <= p_floor else np.array([], int)
                 onset = int(blocks.start[b] + cfg.context + (over[0] if len(over) else 0))
                 break
         score = max(rank_auc(getattr(sc, s)[idx], getattr(real, s)) for s in SCORES)
@@ -191,7 +203,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         "channels": _channels(sc, real, bundle.channels, comp_idx),
         "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "gaps": power},
         "thresholds": {"source": gate.source if gate.source != "defaults" else "calibration",
-                       "alpha": alpha, "competence_alpha": comp_alpha, "episode_alpha": a_ep,
+                       "alpha": alpha, "competence_alpha": comp_alpha, "support_bound": support_bound, "episode_alpha": a_ep,
                        "pooled_alpha": alpha / (2 * len(SCORES)), "calibration_blocks": int(len(real.divergence)),
                        "calibration_warning": cal.info.get("warning")},
         "provenance": {
@@ -302,7 +314,7 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
                                                   cal.support_ref, cal.support_scale, seed=seed)
     # sensor noise
     sens = attr.residual_evidence(sc_corr.resid_std[comp_idx], cal.real.resid_std, sc_corr.resid_mean[comp_idx], cal.real.resid_mean,
-                                  alpha / max(1, sc_corr.resid_std.shape[1]), rng, reps, boot_idx)
+                                  alpha, rng, reps, boot_idx)
     obs_names = norm.names["obs"]
     std_obs = norm.std["obs"].astype(float)
     ac1_c, ac1_r = sc_corr.resid_ac1[comp_idx].mean(0), cal.real.resid_ac1.mean(0)
@@ -322,16 +334,24 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
                     f"{sens['bias'][worst] * std_obs[worst]:.3g}; lag-1 autocorrelation {ac1_c[worst]:.2f} (real {ac1_r[worst]:.2f}: "
                     f"{'whiter' if ac1_c[worst] < ac1_r[worst] else 'more coloured'} than reality)")
     # dynamics: late-horizon divergence after the corrections
-    dyn_ev, dyn_boot, dyn_thr = attr.excess_evidence(sc_corr.div_late[comp_idx], cal.real.div_late, alpha, rng, reps, boot_idx)
-    per_ch = sc_corr.div_channel[comp_idx].mean(0) / np.maximum(cal.real.div_channel.mean(0), 1e-9)
+    # Residual *growth* over the horizon (late minus early standardised error): dynamics gaps grow
+    # with the horizon, while white sensor noise adds about the same at every horizon.
     H = sc.div_curve.shape[1]
+
+    def growth(curve):
+        return curve[:, H // 2 :].mean(1) - curve[:, : max(1, H // 4)].mean(1)
+
+    dyn_ev, dyn_boot, dyn_thr = attr.excess_evidence(growth(sc_corr.div_curve[comp_idx]), growth(cal.real.div_curve),
+                                                     alpha, rng, reps, boot_idx)
+    per_ch = sc_corr.div_channel[comp_idx].mean(0) / np.maximum(cal.real.div_channel.mean(0), 1e-9)
     gaps["dynamics"] = _gap(dyn_ev, {"excess_late_horizon_z2": float(sc_corr.div_late[comp_idx].mean() - cal.real.div_late.mean()),
                                      "per_channel_ratio": {obs_names[d]: round(float(per_ch[d]), 3) for d in range(len(obs_names))},
                                      "after_corrections": applied,
                                      "per_horizon_ratio": _rl(sc_corr.div_curve[comp_idx].mean(0) / np.maximum(cal.real.div_curve.mean(0), 1e-9))},
-                            None, explanation=f"standardised open-loop error over horizon steps {H // 2 + 1}-{H} after "
-                                              f"{', '.join(applied) or 'no correction'}: median {np.median(sc_corr.div_late[comp_idx]):.3g} vs real "
-                                              f"{np.median(cal.real.div_late):.3g} (rank test z = {dyn_ev * dyn_thr:.2f}, critical {dyn_thr:.2f})")
+                            None, explanation=f"growth of the standardised open-loop error from horizon steps 1-{max(1, H // 4)} to "
+                                              f"{H // 2 + 1}-{H} after {', '.join(applied) or 'no correction'}: median "
+                                              f"{np.median(growth(sc_corr.div_curve[comp_idx])):.3g} vs real {np.median(growth(cal.real.div_curve)):.3g} "
+                                              f"(rank test z = {dyn_ev * dyn_thr:.2f}, critical {dyn_thr:.2f})")
     boot = {"latency": lat.boot_evidence, "actuator": act_boot, "sensor_noise": sens["boot_evidence"], "dynamics": dyn_boot}
     present = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] in ("present", "tolerated")]
     top, confounded = attr.separate_top(boot, present)

@@ -36,7 +36,8 @@ from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.scripts.errors import UserError
 
-_ARRAYS = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
+BATCH_FIELDS = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
+_ARRAYS = BATCH_FIELDS
 
 
 @dataclass
@@ -95,6 +96,16 @@ class Batch:
         for key, x in self.images.items():
             assert tuple(x.shape[:2]) == bt and len(x.shape) == 5, f"images[{key}] must be (B, T, H, W, C), got {x.shape}"
         return self
+
+    def map(self, fn) -> "Batch":
+        """A new Batch with `fn` applied to every array (images included): slicing, moving, copying."""
+        return Batch(*(fn(getattr(self, a)) for a in _ARRAYS), images={k: fn(v) for k, v in self.images.items()})
+
+    @classmethod
+    def concat(cls, batches: Sequence["Batch"]) -> "Batch":
+        """Concatenate numpy Batches along the batch axis."""
+        return cls(*(np.concatenate([getattr(b, a) for b in batches]) for a in _ARRAYS),
+                   images={k: np.concatenate([b.images[k] for b in batches]) for k in batches[0].images})
 
     def to_torch(self, device="cpu") -> "Batch":
         """The same batch as torch tensors on `device` (bool masks stay bool, images stay uint8)."""

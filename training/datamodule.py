@@ -26,15 +26,7 @@ from wmcheck.training.config import TrainConfig
 
 def batch_to(batch: Batch, device) -> Batch:
     """Move a tensor Batch to `device`."""
-    return Batch(*(getattr(batch, f).to(device) for f in ("obs", "prev_action", "prev_input", "reward",
-                                                           "is_first", "is_last", "is_terminal")),
-                 images={k: v.to(device) for k, v in batch.images.items()})
-
-
-def stack_batches(batches: list[Batch]) -> Batch:
-    fields = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
-    return Batch(*(np.concatenate([getattr(b, f) for b in batches]) for f in fields),
-                 images={k: np.concatenate([b.images[k] for b in batches]) for k in batches[0].images})
+    return batch.map(lambda x: x.to(device))
 
 
 class _RandomWindows(IterableDataset):
@@ -132,12 +124,10 @@ class LogDataModule(L.LightningDataModule):
             b = usable[k % len(usable)]
             start = int(rng.integers(0, b.obs.shape[1] - length + 1))
             picks.append(_slice(b, start, start + length))
-        return stack_batches(picks).to_torch()
+        return Batch.concat(picks).to_torch()
 
 
 def _slice(b: Batch, start: int, stop: int) -> Batch:
-    fields = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
-    out = Batch(*(getattr(b, f)[:, start:stop].copy() for f in fields),
-                images={k: v[:, start:stop] for k, v in b.images.items()})
-    out.is_first[:, 0] = True
+    out = b.map(lambda x: x[:, start:stop].copy())
+    out.is_first[:, 0] = True  # the window starts from the initial state (the model resets state and action)
     return out
