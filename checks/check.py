@@ -344,7 +344,8 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
     dyn_ev, dyn_boot, dyn_thr = attr.excess_evidence(growth(sc_corr.div_curve[comp_idx]), growth(cal.real.div_curve),
                                                      alpha, rng, reps, boot_idx)
     per_ch = sc_corr.div_channel[comp_idx].mean(0) / np.maximum(cal.real.div_channel.mean(0), 1e-9)
-    gaps["dynamics"] = _gap(dyn_ev, {"excess_late_horizon_z2": float(sc_corr.div_late[comp_idx].mean() - cal.real.div_late.mean()),
+    gaps["dynamics"] = _gap(dyn_ev, {"error_growth_checked": float(np.median(growth(sc_corr.div_curve[comp_idx]))),
+                                     "error_growth_real": float(np.median(growth(cal.real.div_curve))),
                                      "per_channel_ratio": {obs_names[d]: round(float(per_ch[d]), 3) for d in range(len(obs_names))},
                                      "after_corrections": applied,
                                      "per_horizon_ratio": _rl(sc_corr.div_curve[comp_idx].mean(0) / np.maximum(cal.real.div_curve.mean(0), 1e-9))},
@@ -380,8 +381,11 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
         parts.append(f"PASS: {n_ep} episode(s) consistent with reality as the model knows it" + (" (gaps within gate tolerances)" if tolerated else "") + ".")
         worth = [f"{g} >= {p['smallest_detected']} {p['units']}" for g, p in power.items() if p["smallest_detected"] is not None]
         undetectable = [g for g, p in power.items() if p["smallest_detected"] is None]
-        parts.append("This pass would have caught: " + (", ".join(worth) or "none of the injected gap sizes") + "."
-                     + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else ""))
+        if not power:
+            parts.append("Its power was not measured: calibration needs at least 2 held-out real episodes to inject gaps into.")
+        else:
+            parts.append("This pass would have caught: " + (", ".join(worth) or "none of the injected gap sizes") + "."
+                         + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else ""))
     elif verdict == "fail":
         parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
     else:

@@ -99,9 +99,12 @@ def render_html(report: dict) -> str:
     rows = []
     for gap, g in report["gaps"].items():
         status = "confounded" if g.get("confounded_with") else g["verdict"]
+        # Estimates are shown for gaps the evidence supports (the JSON keeps them all).
+        shown = g["verdict"] in ("present", "tolerated") or gap == "distribution"
         rows.append(
             f"<tr><td><b>{e(gap)}</b></td><td><span class='dot' style='background:{COLORS.get(status, '#aaa')}'></span>{e(status)}</td>"
-            f"<td>{_fmt(g.get('evidence'))}</td><td>{e(_fmt(g.get('estimate')))}</td><td>{e(_fmt(g.get('ci')))}</td>"
+            f"<td>{_fmt(g.get('evidence'))}</td><td>{e(_fmt(g.get('estimate')) if shown else '–')}</td>"
+            f"<td>{e(_fmt(g.get('ci')) if shown else '–')}</td>"
             f"<td>{e(g.get('explanation', ''))}</td><td>{e(NEXT_STEPS.get(gap, '')) if g['verdict'] in ('present', 'tolerated') else ''}</td></tr>")
     ep_rows = "".join(
         f"<tr><td>{ep['id']}</td><td>{e(str(ep.get('name') or ''))}</td><td class='v-{ep['verdict']}'>{ep['verdict']}</td>"
