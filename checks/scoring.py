@@ -9,7 +9,8 @@ block's own controls).
 Per block (context C, horizon H, D channels):
   divergence    mean over h, d of z^2, z = (truth - predicted mean) / predictive std, open loop
   div_curve     (H,) the same per horizon step, averaged over channels
-  div_late      mean z^2 over the second half of the horizon (residual growth: dynamics)
+  div_late      mean z^2 over the second half of the horizon (reported; the dynamics test uses
+                the growth of div_curve instead)
   nll           mean one-step predictive NLL over steps t >= C and channels (silent incoherence)
   kl            mean KL(post || prior) over steps t >= C (surprise of each transition)
   disagreement  mean ensemble disagreement over steps t >= C and channels (0 for K = 1)
