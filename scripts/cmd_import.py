@@ -16,6 +16,7 @@ from wmcheck.datasets.episode import SOURCES
 from wmcheck.scripts.errors import UserError
 
 TABLE_ONLY = ("mapping", "time_col", "episode_col", "max_interp_gap", "split_gap", "min_episode_steps",
+              "max_episode_steps",
               "resample", "step_values", "timezone", "delimiter", "valid_range", "sentinel")
 
 
@@ -51,6 +52,8 @@ def register(subparsers) -> None:
     p.add_argument("--split-gap", type=float, metavar="SECONDS",
                    help="always split where consecutive rows are further apart than this")
     p.add_argument("--min-episode-steps", type=int, metavar="N", help="drop pieces shorter than N steps (default 10)")
+    p.add_argument("--max-episode-steps", type=int, metavar="N",
+                   help="cut long pieces into episodes of at most N steps (e.g. 1008: weeks of 10-minute data)")
     p.add_argument("--resample", action=argparse.BooleanOptionalAction, default=None,
                    help="interpolate every column onto the dt grid (irregular loggers) instead of snapping rows")
     p.add_argument("--step-values", choices=STEP_VALUES,
@@ -73,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
             args.mapping, time_col=args.time_col, episode_col=args.episode_col, obs_cols=args.obs_cols,
             action_cols=args.action_cols, input_cols=args.input_cols, source=args.source, dt=args.dt,
             max_interp_gap=args.max_interp_gap, split_gap=args.split_gap,
-            min_episode_steps=args.min_episode_steps, resample=args.resample, step_values=args.step_values,
+            min_episode_steps=args.min_episode_steps,
+            max_episode_steps=args.max_episode_steps, resample=args.resample, step_values=args.step_values,
             timezone=args.timezone, delimiter=args.delimiter, units=units,
             valid_ranges=parse_ranges(args.valid_range) or None,
             sentinels=parse_sentinels(args.sentinel) or None,

@@ -25,6 +25,11 @@ def test_embedded_files_are_packaged_and_small():
         assert f.readline().strip() == ORIGINAL_HEADER  # original columns, unchanged
 
 
+def log_episodes(path):
+    with open_log(path) as log:
+        return list(log)
+
+
 def test_embedded_subset_imports_cleanly(tmp_path):
     mapping = build_mapping(embedded_mapping_path())
     out = tmp_path / "lhb.h5"
@@ -34,7 +39,8 @@ def test_embedded_subset_imports_cleanly(tmp_path):
     assert s.episodes_produced > 0 and s.dt == 600 and not s.dt_inferred
     assert s.sentinel_hits["Ot_avg"] > 0  # the -273.2 fault code run in June 2014
     assert s.missing_in_source["P_avg"] > 0 and s.duplicate_rows == 6  # DST duplicates in the source
-    assert s.split_points == s.episodes_produced + s.episodes_dropped - len(s.machines)
+    assert s.split_points + s.length_cuts == s.episodes_produced + s.episodes_dropped - len(s.machines)
+    assert s.length_cuts > 0 and max(e.num_steps for e in log_episodes(out)) <= mapping.max_episode_steps
     assert s.values_missing == sum(s.missing_per_column.values()) > 0
     with open_log(out) as log:
         assert log.meta.units["P_avg"] == "kW" and log.meta.input_names == ["Ws_avg", "Va_avg", "Ot_avg"]

@@ -131,6 +131,19 @@ def test_long_gap_splits_and_short_pieces_are_dropped(tmp_path):
     assert "2 produced" in s.format_text()
 
 
+def test_long_pieces_are_cut_into_episodes_sharing_their_boundary_rows(tmp_path):
+    # 25 steps, max 10: 10 + 10 + 5; with min 6 the 5-step remainder joins the previous episode
+    p = write_csv(tmp_path / "long.csv", ["t", "y", "u"], numeric_rows(26))
+    r = import_csv(p, mapping(max_episode_steps=10, min_episode_steps=1))
+    assert [e.num_steps for e in r.episodes] == [10, 10, 5]
+    assert r.summary.length_cuts == 2 and "length cuts" in r.summary.format_text()
+    assert r.episodes[1].timestamps[0] == r.episodes[0].timestamps[-1] == 100.0
+    np.testing.assert_array_equal(r.episodes[1].observations[:, 0], 2.0 * np.arange(10, 21))
+    assert sum(e.num_steps for e in r.episodes) == 25  # no step lost or doubled
+    r = import_csv(p, mapping(max_episode_steps=10, min_episode_steps=6))
+    assert [e.num_steps for e in r.episodes] == [10, 15]
+
+
 def test_split_gap_splits_even_when_interpolation_could_bridge(tmp_path):
     p = write_csv(tmp_path / "sg.csv", ["t", "y", "u"], numeric_rows(20, skip=(10,)))
     bridged = import_csv(p, mapping(max_interp_gap=3))
@@ -253,6 +266,7 @@ def test_short_row_is_reported_with_its_line(tmp_path):
     (dict(dt=-1), "positive"),
     (dict(max_interp_gap=-1), "max_interp_gap"),
     (dict(min_episode_steps=0), "min_episode_steps"),
+    (dict(min_episode_steps=20, max_episode_steps=10), "max_episode_steps"),
     (dict(valid_ranges={"y": [5, 1]}), "empty"),
     (dict(valid_ranges={"y": [1]}), r"\[lo, hi\]"),
     (dict(step_values="middle"), "step_values"),

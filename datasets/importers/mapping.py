@@ -57,6 +57,10 @@ class ImportMapping:
     interpolation could bridge the gap. None: only the `max_interp_gap` rule splits."""
     min_episode_steps: int = 10
     """Pieces with fewer steps than this (after splitting) are dropped and counted."""
+    max_episode_steps: int | None = None
+    """Long pieces are cut into consecutive episodes of at most this many steps (e.g. 1008 = one
+    week of 10-minute data), so a held-out split and a check see several episodes; a remainder
+    shorter than `min_episode_steps` joins the previous episode. None: never cut."""
     resample: bool = False
     """False: each row is snapped to the nearest point of the dt grid (for loggers that write on a
     fixed period). True: every column is linearly interpolated onto the grid (irregular loggers)."""
@@ -112,6 +116,12 @@ class ImportMapping:
                 or self.min_episode_steps < 1:
             raise UserError(f"min_episode_steps must be a whole number >= 1, got {self.min_episode_steps!r}",
                             "e.g. min_episode_steps: 36 keeps pieces of at least 36 steps")
+        if self.max_episode_steps is not None and (
+                isinstance(self.max_episode_steps, bool) or not isinstance(self.max_episode_steps, int)
+                or self.max_episode_steps < self.min_episode_steps):
+            raise UserError(f"max_episode_steps must be a whole number >= min_episode_steps "
+                            f"({self.min_episode_steps}), got {self.max_episode_steps!r}",
+                            "e.g. max_episode_steps: 1008 cuts 10-minute data into weeks")
         if self.step_values not in STEP_VALUES:
             raise UserError(f"step_values must be one of {STEP_VALUES}, got {self.step_values!r}",
                             '"start" for sampled commands, "end" for interval averages')

@@ -39,6 +39,8 @@ class ImportSummary:
     """Episode splits because two consecutive rows were more than `split_gap` apart."""
     splits_missing: int = 0
     """Episode splits at runs of missing values longer than `max_interp_gap` steps."""
+    length_cuts: int = 0
+    """Cuts of long pieces into episodes of at most `max_episode_steps` steps."""
     episodes_produced: int = 0
     steps_produced: int = 0
     episodes_dropped: int = 0
@@ -102,6 +104,8 @@ class ImportSummary:
                      f"{self.splits_missing:,} runs of missing values)")
         lines.append(f"  episodes         {self.episodes_produced:,} produced ({self.steps_produced:,} steps), "
                      f"{self.episodes_dropped:,} dropped as too short")
+        if self.length_cuts:
+            lines.append(f"  length cuts      {self.length_cuts:,} (long pieces cut into episodes of at most max_episode_steps)")
         if self.rows_dropped:
             lines.append(f"  rows dropped     {self.rows_dropped:,} (in unrecoverable gaps or dropped pieces)")
         lines.extend(f"  note: {n}" for n in self.notes)

@@ -313,8 +313,24 @@ def _pieces(grid_t: np.ndarray, G: np.ndarray, present: np.ndarray, m: ImportMap
             s.episodes_dropped += 1
             continue
         kept[a:b] = True
-        yield grid_t[a:b], G[a:b]
+        chunks = _chunks(a, b, m)
+        s.length_cuts += len(chunks) - 1
+        for c0, c1 in chunks:
+            yield grid_t[c0:c1], G[c0:c1]
     s.rows_dropped += int((present & ~kept).sum())
+
+
+def _chunks(a: int, b: int, m: ImportMapping) -> list[tuple[int, int]]:
+    """Row ranges [c0, c1) cutting the piece [a, b) into episodes of at most max_episode_steps
+    steps (rows = steps + 1; consecutive episodes share their boundary row, as a log split in two
+    would). A remainder shorter than min_episode_steps stays with the previous episode."""
+    n_max = m.max_episode_steps
+    if n_max is None or b - a - 1 <= n_max:
+        return [(a, b)]
+    cuts = list(range(a, b - 1, n_max))  # first row of each episode
+    if b - 1 - cuts[-1] < m.min_episode_steps:
+        cuts.pop()
+    return [(c, min(c + n_max, b - 1) + 1 if i < len(cuts) - 1 else b) for i, c in enumerate(cuts)]
 
 
 def _episode(grid_t: np.ndarray, G: np.ndarray, ep_id: int, name: str | None, m: ImportMapping) -> Episode:
