@@ -88,3 +88,10 @@ def block_states(blocks: Blocks, k: int = 8) -> np.ndarray:
     steps = np.linspace(blocks.context, blocks.length - 1, k).round().astype(int)
     b = blocks.batch
     return np.concatenate([b.obs[:, steps], b.prev_action[:, steps], b.prev_input[:, steps]], -1).astype(np.float32)
+
+
+def block_controls(blocks: Blocks) -> np.ndarray:
+    """The controls acting on every horizon step t >= C, (n, H, A + E) normalised: the command and
+    the exogenous inputs that led to observation t (the operating conditions of that step)."""
+    b, C = blocks.batch, blocks.context
+    return np.concatenate([b.prev_action[:, C:], b.prev_input[:, C:]], -1).astype(np.float32)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from wmcheck.checks.attribution import SearchMatrices, search_matrices
-from wmcheck.checks.blocks import block_states, make_blocks
+from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import SCORES, CheckConfig
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.stats import mann_whitney_greater
@@ -35,7 +35,7 @@ from wmcheck.scripts.atomic import atomic_path, write_text_atomic
 from wmcheck.scripts.errors import UserError
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: per-step open-loop errors and the held-out steps' controls (regimes)
 POWER_SIZES = {
     "latency": (1, 2, 3, 4),  # steps the commands are delayed by
     "actuator": (1.1, 1.25, 1.5, 2.0),  # gain on every command channel
@@ -55,12 +55,17 @@ class Calibration:
     support_ref: np.ndarray  # (M, deter)
     support_scale: float
     power: dict  # gap -> {"sizes", "units", "scores": {size: {score: (nB,)}}, "null": {score: (nA,)}}
+    real_controls: np.ndarray | None = None  # (n, H, A + E) operating conditions of the held-out steps (regimes)
 
     def save(self, run_dir: Path) -> None:
         arrays = {**self.real.to_arrays("real_"), **self.real_search.to_arrays("realJ_"),
                   "support_ref": self.support_ref.astype(np.float32), "real_states": self.real_states}
+        if self.real_controls is not None:
+            arrays["real_controls"] = self.real_controls
         for score in SCORES:
             arrays[f"power_null_{score}"] = self.power["null"][score]
+            if self.power.get("control"):
+                arrays[f"power_control_{score}"] = self.power["control"][score]
         for gap, entry in self.power["gaps"].items():
             for i, size in enumerate(entry["sizes"]):
                 for score in SCORES:
@@ -84,11 +89,14 @@ class Calibration:
         with np.load(npath, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         power = {"null": {s: arrays[f"power_null_{s}"] for s in SCORES}, "gaps": {}}
+        if all(f"power_control_{s}" in arrays for s in SCORES):
+            power["control"] = {s: arrays[f"power_control_{s}"] for s in SCORES}
         for gap, e in meta["power"].items():
             power["gaps"][gap] = {"sizes": e["sizes"], "units": e["units"],
                                   "scores": [{s: arrays[f"power_{gap}_{i}_{s}"] for s in SCORES} for i in range(len(e["sizes"]))]}
         return cls(CheckConfig.from_dict(meta["config"]), meta["info"], BlockScores.from_arrays(arrays, "real_"),
-                   SearchMatrices.from_arrays(arrays, "realJ_"), arrays["real_states"], arrays["support_ref"], float(meta["support_scale"]), power)
+                   SearchMatrices.from_arrays(arrays, "realJ_"), arrays["real_states"], arrays["support_ref"], float(meta["support_scale"]), power,
+                   arrays.get("real_controls"))
 
 
 def pooled_detect(checked: dict[str, np.ndarray], null: dict[str, np.ndarray], alpha: float,
@@ -100,22 +108,38 @@ def pooled_detect(checked: dict[str, np.ndarray], null: dict[str, np.ndarray], a
 
 def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, reps: int = 100, seed: int = 0) -> dict:
     """Detection probability per injected gap size for a check of n_blocks blocks, and the smallest
-    size detected with probability >= target."""
+    size detected with probability >= target.
+
+    Each replicate draws min(n_blocks, available) injected blocks WITHOUT replacement (drawing more
+    blocks than exist, with replacement, would replicate the same blocks and inflate the power).
+    The same draw on the uninjected half B is the control: its detection rate is what the procedure
+    reports for no gap at all. When it exceeds 2 * alpha the held-out episodes differ among
+    themselves (e.g. seasons) more than the test allows, so the power is reported as unreliable and
+    no smallest size is claimed."""
     rng = np.random.default_rng(seed)
+
+    def rate(scores) -> tuple[float, int]:
+        nB = len(scores[SCORES[0]])
+        n = max(1, min(n_blocks, nB))
+        hits = 0
+        for _ in range(reps):
+            idx = rng.choice(nB, size=n, replace=False)
+            hits += pooled_detect({s: scores[s][idx] for s in SCORES}, cal.power["null"], alpha, rng)[0]
+        return hits / reps, n
+
+    control = cal.power.get("control")
+    control_rate = rate(control)[0] if control else None
+    reliable = control_rate is None or control_rate <= 2 * alpha
     table = {}
     for gap, e in cal.power["gaps"].items():
-        probs = []
+        probs, used = [], 0
         for scores in e["scores"]:
-            nB = len(scores[SCORES[0]])
-            n = max(1, min(n_blocks, 4 * nB))
-            hits = 0
-            for _ in range(reps):
-                idx = rng.integers(0, nB, size=n)
-                hits += pooled_detect({s: scores[s][idx] for s in SCORES}, cal.power["null"], alpha, rng)[0]
-            probs.append(hits / reps)
-        smallest = next((s for s, p in zip(e["sizes"], probs) if p >= target), None)
+            prob, used = rate(scores)
+            probs.append(prob)
+        smallest = next((s for s, p in zip(e["sizes"], probs) if p >= target), None) if reliable else None
         table[gap] = {"sizes": list(e["sizes"]), "units": e["units"], "detection_probability": probs,
-                      "smallest_detected": smallest}
+                      "smallest_detected": smallest, "blocks_used": used, "control_detection": control_rate,
+                      "reliable": bool(reliable)}
     return table
 
 
@@ -179,6 +203,8 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     if half_a and half_b:
         null = score_blocks(model, make_blocks(half_a, norm, cfg.context, cfg.horizon), cfg.samples, seed=cfg.seed)
         power["null"] = {s: getattr(null, s) for s in SCORES}
+        control = score_blocks(model, make_blocks(half_b, norm, cfg.context, cfg.horizon), cfg.samples, seed=cfg.seed)
+        power["control"] = {s: getattr(control, s) for s in SCORES}
         for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
             entries = []
             for size in sizes:
@@ -195,7 +221,7 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     if len(blocks) < 20:
         info["warning"] = (f"only {len(blocks)} held-out blocks: thresholds and power are coarse; "
                            "hold out more real episodes for sharper checks")
-    cal = Calibration(cfg, info, real, real_search, block_states(blocks), ref, scale, power)
+    cal = Calibration(cfg, info, real, real_search, block_states(blocks), ref, scale, power, block_controls(blocks))
     cal.save(run_dir)
     say(f"  calibration written to {run_dir / 'calibration.json'} ({info['seconds']} s)")
     return cal

@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from wmcheck.checks import attribution as attr
-from wmcheck.checks.blocks import block_states, make_blocks
+from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.calibration import Calibration, power_table
 from wmcheck.checks.config import COMPETENCE, SCORES, Gate
+from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import latent_features, score_blocks
 from wmcheck.checks.stats import block_mmd_test, conformal_p, mann_whitney_greater, rank_auc
 from wmcheck.checks.transforms import actuator, shift_actions
@@ -201,6 +202,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             "real_mean": _rl(real.div_curve.mean(0)), "real_q": _rl(div_q), "real_q_level": 1 - alpha,
         },
         "channels": _channels(sc, real, bundle.channels, comp_idx),
+        "regimes": _regimes(sc, blocks, competent, cal, norm, bundle.channels, meta, alpha, seed),
         "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "gaps": power},
         "thresholds": {"source": gate.source if gate.source != "defaults" else "calibration",
                        "alpha": alpha, "competence_alpha": comp_alpha, "support_bound": support_bound, "episode_alpha": a_ep,
@@ -289,11 +291,18 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
         tol_off = gate.tolerances.get("actuator", {}).get("max_offset")
         tolerated = (kind == "gain" and tol_gain is not None and abs(value - 1) <= tol_gain) or \
                     (kind == "offset" and tol_off is not None and abs(value * scale) <= tol_off)
+        # The model knows reality only inside the training command range: say how much of the
+        # corrected commands it had to judge by extrapolation.
+        kw = {"gain": dict(gain=value), "offset": dict(offset=value * scale), "deadband": dict(band=value * scale)}[kind]
+        extrap = _outside_training(norm, [actuator(e, int(c), **kw) for e in eps], int(c))
+        caution = (f"; caution: the correction moves {extrap:.0%} of the {names[int(c)]} commands outside the training "
+                   f"logs' range, where the model extrapolates (a physics gap can masquerade as this correction)"
+                   if extrap > cfg.competence_alpha else "")
         gaps["actuator"] = _gap(evidence, {"channel": names[int(c)], "kind": kind, "value": value * scale,
-                                             "per_channel": per_channel},
+                                             "per_channel": per_channel, "extrapolated_share": round(extrap, 4)},
                                 [r.interval[0] * scale, r.interval[1] * scale], tolerated=tolerated,
                                 explanation=f"{kind} {value * scale:.3g} on {names[int(c)]} lowers the predictive log-score by {r.improvement:.3g} "
-                                            f"(paired t = {r.evidence * r.threshold:.3g}; real blocks stay below {r.threshold:.3g})")
+                                            f"(paired t = {r.evidence * r.threshold:.3g}; real blocks stay below {r.threshold:.3g}){caution}")
         act_boot = np.max(np.stack([res.boot_evidence for res in results.values()]), 0)
     else:
         gaps["actuator"] = _gap(0.0, None, None, explanation="no command channels")
@@ -361,6 +370,16 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
     return gaps, top, confounded
 
 
+def _outside_training(norm: Normalizer, episodes, c: int) -> float:
+    """Share of channel c's commands outside the training logs' range (0 when the normaliser
+    predates stored ranges)."""
+    rng_a = norm.range["action"]
+    if rng_a is None:
+        return 0.0
+    x = np.concatenate([e.actions[:, c] for e in episodes])
+    return float(((x < rng_a[0][c]) | (x > rng_a[1][c])).mean()) if len(x) else 0.0
+
+
 def _gap(evidence, estimate, ci, tolerated=False, explanation="", **extra) -> dict:
     present = evidence is not None and evidence >= 1.0
     verdict = ("tolerated" if tolerated else "present") if present else "absent"
@@ -383,6 +402,10 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
         undetectable = [g for g, p in power.items() if p["smallest_detected"] is None]
         if not power:
             parts.append("Its power was not measured: calibration needs at least 2 held-out real episodes to inject gaps into.")
+        elif not all(p.get("reliable", True) for p in power.values()):
+            rate = next(p["control_detection"] for p in power.values())
+            parts.append(f"Its power could not be measured reliably: with no gap injected, the held-out real episodes already "
+                         f"differ among themselves ({rate:.0%} detected); hold out more real episodes.")
         else:
             parts.append("This pass would have caught: " + (", ".join(worth) or "none of the injected gap sizes") + "."
                          + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else ""))
@@ -406,6 +429,29 @@ def _channels(sc, real, channels, comp_idx) -> list[dict]:
              "nll_real": round(float(real.nll_channel[:, d].mean()), 4),
              "divergence_checked": round(float(sc.div_channel[idx, d].mean()), 4),
              "divergence_real": round(float(real.div_channel[:, d].mean()), 4)} for d, n in enumerate(names)]
+
+
+def _regimes(sc, blocks, competent, cal, norm, channels, meta, alpha, seed) -> dict | None:
+    """Operating regimes (command and input ranges) where the checked data diverge; None when the
+    calibration predates the per-step errors (re-run `wmcheck calibrate`)."""
+    real = cal.real
+    if cal.real_controls is None or real.z_steps.ndim != 3:
+        return None
+    names = list(channels.get("action_names", [])) + list(channels.get("input_names", []))
+    A = len(channels.get("action_names", []))
+
+    def physical(ctrl):  # (n, H, A + E) normalised -> physical units
+        return np.concatenate([norm.denorm_action(ctrl[..., :A]), norm.denorm_input(ctrl[..., A:])], -1)
+
+    std = norm.std["obs"]
+    units = {**channels.get("units", {}), **(meta.units or {})}
+    train_range = None
+    if norm.range["action"] is not None and (norm.dim("input") == 0 or norm.range["input"] is not None):
+        parts = [norm.range["action"]] + ([norm.range["input"]] if norm.dim("input") else [])
+        train_range = np.stack([np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])], 1)  # (K, 2)
+    return find_regimes(sc.z_steps, sc.err_steps * std, physical(block_controls(blocks)), competent,
+                        real.z_steps, real.err_steps * std, physical(cal.real_controls), names,
+                        list(channels.get("observation_names", [])), units, alpha, seed=seed, training_range=train_range)
 
 
 def _plot_data(sc, blocks, comp_idx, norm, channels, cfg) -> dict:

@@ -80,6 +80,78 @@ def overlay_figures(report: dict, max_channels: int = 6) -> list[tuple[str, obje
     return out
 
 
+def regime_figure(channel: dict, obs: str):
+    """Median error of the checked observation vs the model's prediction per bin of one control
+    channel (with its block-bootstrap interval), next to the model's own error on real data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bins = [b for b in channel["bins"] if b["effect"][obs]["checked_median_error"] is not None]
+    x = np.arange(len(bins))
+    med = np.array([b["effect"][obs]["checked_median_error"] for b in bins], float)
+    ci = np.array([[np.nan if v is None else v for v in b["effect"][obs]["ci"]] for b in bins], float).reshape(-1, 2)
+    ref = np.array([np.nan if b["effect"][obs]["real_median_error"] is None else b["effect"][obs]["real_median_error"]
+                    for b in bins], float)
+    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    ax.axhline(0, color="0.6", lw=0.8)
+    ax.errorbar(x, med, yerr=np.abs(np.stack([med - ci[:, 0], ci[:, 1] - med])), fmt="o", color="#c62828",
+                capsize=3, label="checked - model prediction (median, 95% CI)")
+    ax.plot(x, ref, "s", color="k", ms=4, label="real held-out - model prediction (median)")
+    for i, b in enumerate(bins):
+        if b["flagged"]:
+            ax.axvspan(i - 0.45, i + 0.45, color="#c62828", alpha=0.12)
+    ax.set_xticks(x, [f"{b['range'][0]:.3g}-{b['range'][1]:.3g}" for b in bins], rotation=30, fontsize=7)
+    unit = channel.get("unit") or ""
+    ax.set_xlabel(f"{channel['name']} ({unit})" if unit else channel["name"])
+    ounit = bins[0]["effect"][obs]["unit"] if bins else ""
+    ax.set_ylabel(f"{obs} error ({ounit})" if ounit else f"{obs} error", fontsize=8)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def regime_section(report: dict) -> str:
+    """HTML: the flagged regimes, where the model is not competent, and one figure per channel
+    with a flagged regime (or, when none is flagged, the channel with the smallest p-value)."""
+    reg = report.get("regimes")
+    e = html.escape
+    if not reg:
+        return "<p>Not computed: the calibration predates regime analysis; re-run <code>wmcheck calibrate</code>.</p>"
+    items = "".join(f"<li class='v-divergent'>{e(r['text'])}</li>" for r in reg["regimes"]) or \
+        "<li>No operating regime differs significantly from reality at the calibrated threshold.</li>"
+    nc = "".join(f"<li class='v-unverifiable'>{e(r['text'])}</li>"
+                 for r in reg["not_competent"] + reg.get("outside_training_range", [])) or \
+        "<li>The model is competent over the checked operating range, which lies inside the training logs' range.</li>"
+    flagged = {r["channel"] for r in reg["regimes"]}
+    chans = [c for c in reg["channels"] if c["name"] in flagged]
+    if not chans and reg["channels"]:
+        chans = [min(reg["channels"], key=lambda c: min([b["p_value"] for b in c["bins"] if b["p_value"] is not None] or [1.0]))]
+    obs_names = list(reg["channels"][0]["bins"][0]["effect"]) if reg["channels"] and reg["channels"][0]["bins"] else []
+    figs = "".join(f"<figure><img src='{_png(regime_figure(c, o))}' alt='regime {e(c['name'])}'><figcaption>{e(o)} error by "
+                   f"{e(c['name'])} bin (bins: held-out real quantiles; shaded: flagged at the calibrated threshold).</figcaption></figure>"
+                   for c in chans[:4] for o in obs_names[:2])
+    return (f"<p>Where, in the operating conditions, the checked data part ways with reality as the model knows it "
+            f"({e(reg.get('method', ''))}; alpha per test {reg['alpha_per_test']:.2g}).</p>"
+            f"<ul id='regimes'>{items}</ul><p>Where the model is not competent:</p><ul id='not-competent'>{nc}</ul>{figs}")
+
+
+def _power_note(pw: dict) -> str:
+    """What limits the power table: fewer injected blocks than the check has, or an unreliable control."""
+    first = next(iter(pw["gaps"].values()), None)
+    if not first:
+        return " Not measured: calibration needs at least 2 held-out real episodes."
+    note = ""
+    if first.get("blocks_used") and first["blocks_used"] < pw["n_blocks"]:
+        note += f" Measured with the {first['blocks_used']} injected blocks available (a lower bound for {pw['n_blocks']} blocks)."
+    if first.get("control_detection") is not None:
+        note += f" With no gap injected, {first['control_detection']:.0%} of draws are flagged (the control)."
+    if not first.get("reliable", True):
+        note += " <b>Unreliable</b>: the held-out real episodes differ among themselves; no smallest size is claimed."
+    return note
+
+
 def _fmt(v) -> str:
     if v is None:
         return "–"
@@ -139,12 +211,14 @@ figure{{margin:8px 0}} figcaption{{font-size:12px;color:#555}} .warn{{color:#ef6
 <h2>Reality-gap table</h2>
 <table id="gap-table"><tr><th>gap</th><th>status</th><th>evidence (&ge;1 = present)</th><th>estimate</th><th>90% interval</th><th>evidence detail</th><th>what to do next</th></tr>
 {''.join(rows)}</table>
+<h2>Where it diverges (operating regimes)</h2>
+{regime_section(report)}
 <h2>Divergence and overlays</h2>
 {''.join(figs)}
 <h2>Episodes (worst first)</h2>
 <table><tr><th>id</th><th>name</th><th>verdict</th><th>score</th><th>divergence onset (step)</th><th>outside competence</th></tr>{ep_rows}</table>
 <h2>What a pass is worth (power)</h2>
-<p>Detection probability of gaps injected into held-out real episodes, for a check of {pw['n_blocks']} blocks, at the calibrated threshold; the last column is the smallest size detected with probability &ge; {pw['target']:.0%}.</p>
+<p>Detection probability of gaps injected into held-out real episodes, for a check of {pw['n_blocks']} blocks, at the calibrated threshold; the last column is the smallest size detected with probability &ge; {pw['target']:.0%}.{_power_note(pw)}</p>
 <table id="power-table"><tr><th>gap</th><th>units</th><th colspan="4">size: detection probability</th><th>smallest detected</th></tr>{power_rows}</table>
 <h2>Provenance</h2>
 <p><code>{e(prov['command'])}</code><br>wmcheck {e(prov['wmcheck_version'])}; model sha256 {e(prov['model_sha256'][:16])}…; training data sha256 {e(prov['training_data_sha256'][:16])}…; rollouts {e(prov['rollouts'])} ({e(prov['rollouts_sha256'][:16])}…); {prov['seconds']} s.</p>

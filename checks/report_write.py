@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmcheck.checks.report_html import divergence_figure, overlay_figures, render_html
+from wmcheck.checks.report_html import divergence_figure, overlay_figures, regime_figure, render_html
 from wmcheck.scripts.atomic import write_text_atomic
 
 
@@ -52,6 +52,18 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
     w.add_figure("check/divergence_vs_horizon_fig", divergence_figure(report), 0)
     for i, (caption, fig) in enumerate(overlay_figures(report)):
         w.add_figure(f"check/worst_block_{i}", fig, 0)
+    reg = report.get("regimes")
+    if reg:
+        w.add_scalar("check/regimes/diverging", len(reg["regimes"]), 0)
+        w.add_scalar("check/regimes/not_competent", len(reg["not_competent"]), 0)
+        flagged = {r["channel"] for r in reg["regimes"]}
+        obs = list(reg["channels"][0]["bins"][0]["effect"]) if reg["channels"] and reg["channels"][0]["bins"] else []
+        for c in reg["channels"]:
+            if c["name"] in flagged:
+                for o in obs:
+                    w.add_figure(f"check/regimes/{o}_by_{c['name']}", regime_figure(c, o), 0)
+        if reg["regimes"] or reg["not_competent"]:
+            w.add_text("check/regimes", "\n\n".join(r["text"] for r in reg["regimes"] + reg["not_competent"]), 0)
     emb = report.get("_embedding")
     if emb is not None:
         w.add_embedding(np.asarray(emb["features"]), metadata=emb["labels"], tag="check/latent_states")

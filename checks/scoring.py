@@ -17,6 +17,10 @@ Per block (context C, horizon H, D channels):
   support       mean distance of the block's latent states to the training latents, in units
                 of the held-out real median (1 = as far as real data typically is)
   resid_*       one-step residual mean / std / lag-1 autocorrelation per channel (t >= C)
+  z_steps       (H, D) signed open-loop standardised error per horizon step and channel
+  err_steps     (H, D) signed open-loop error (truth - predicted mean), normalised units
+The per-step arrays feed the regime analysis (regimes.py): where, in the operating conditions,
+the checked data and the model part ways.
 """
 from __future__ import annotations
 
@@ -43,6 +47,8 @@ class BlockScores:
     resid_mean: np.ndarray  # (n, D)
     resid_std: np.ndarray  # (n, D)
     resid_ac1: np.ndarray  # (n, D)
+    z_steps: np.ndarray  # (n, H, D) signed (truth - mean) / predictive std, open loop
+    err_steps: np.ndarray  # (n, H, D) truth - predicted mean, normalised units
     pred_mean: np.ndarray  # (n, H, D) open-loop predicted mean (normalised)
     pred_lo: np.ndarray  # (n, H, D) 5% predictive quantile
     pred_hi: np.ndarray  # (n, H, D) 95% predictive quantile
@@ -100,7 +106,10 @@ def score_blocks(model, blocks: Blocks, samples: int = 16, support_ref: np.ndarr
             ol = model.openloop(b, C, samples=samples)
             draws, mean, truth = ol["samples"], ol["mean"], ol["truth"]  # (S, n, H, D), (n, H, D)
             std = draws.std(0).clamp_min(1e-3)
-            z2 = ((truth - mean) / std).pow(2)  # (n, H, D)
+            z = (truth - mean) / std  # (n, H, D)
+            z2 = z.pow(2)
+            parts["z_steps"].append(z.float())
+            parts["err_steps"].append((truth - mean).float())
             H = z2.shape[1]
             parts["divergence"].append(z2.mean((1, 2)))
             parts["div_curve"].append(z2.mean(2))
@@ -127,7 +136,8 @@ def score_blocks(model, blocks: Blocks, samples: int = 16, support_ref: np.ndarr
             parts["support"].append(dist.mean(1))
     out = {}
     for k, v in parts.items():
-        out[k] = np.concatenate([x.numpy() if torch.is_tensor(x) else x for x in v]).astype(np.float64)
+        dtype = np.float32 if k in ("z_steps", "err_steps") else np.float64
+        out[k] = np.concatenate([x.numpy() if torch.is_tensor(x) else x for x in v]).astype(dtype)
     return BlockScores(**out)
 
 

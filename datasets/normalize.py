@@ -52,7 +52,8 @@ class Normalizer:
     """Mean/std per channel for observations (D), actions (A) and inputs (E; may be 0)."""
 
     def __init__(self, stats: dict[str, tuple[np.ndarray, np.ndarray]],
-                 names: dict[str, list[str]] | None = None, constant_channels: list[str] | None = None):
+                 names: dict[str, list[str]] | None = None, constant_channels: list[str] | None = None,
+                 ranges: dict[str, tuple[np.ndarray, np.ndarray]] | None = None):
         problems = []
         self.mean: dict[str, np.ndarray] = {}
         self.std: dict[str, np.ndarray] = {}
@@ -73,6 +74,12 @@ class Normalizer:
         names = names or {}
         self.names = {k: list(names.get(k) or [f"{k}_{i}" for i in range(self.dim(k))]) for k in KINDS}
         self.constant_channels = list(constant_channels or [])
+        # Training min / max per channel (None for normalisers saved before they were kept): the
+        # operating range the model has seen, which the checks compare checked conditions with.
+        self.range: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
+            k: ((np.asarray(ranges[k][0], np.float64).reshape(-1), np.asarray(ranges[k][1], np.float64).reshape(-1))
+                if ranges and k in ranges else None)
+            for k in KINDS}
 
     def dim(self, kind: str) -> int:
         return int(self.mean[kind].shape[0])
@@ -105,8 +112,10 @@ class Normalizer:
         names = {}
         if meta is not None:
             names = {"obs": meta.observation_names, "action": meta.action_names, "input": meta.input_names}
-        stats, constant = {}, []
+        stats, constant, ranges = {}, [], {}
         for kind, r in run.items():
+            if r.n > 0:
+                ranges[kind] = (r.min, r.max)
             std = np.sqrt(r.m2 / max(r.n, 1))  # (C,) population std
             const = (r.max <= r.min) | (std <= 1e-8 * np.maximum(1.0, np.abs(r.mean)))
             if r.n == 0:  # e.g. only zero-step episodes: no action rows
@@ -116,7 +125,7 @@ class Normalizer:
             stats[kind] = (mean, std)
             kind_names = names.get(kind) or [f"{kind}_{i}" for i in range(len(mean))]
             constant += [f"{_KIND_LABEL[kind]}/{kind_names[j]}" for j in np.flatnonzero(const)]
-        return cls(stats, names, constant)
+        return cls(stats, names, constant, ranges)
 
     # --- applying -----------------------------------------------------------------------------
     def _stats_like(self, kind: str, x):
@@ -163,7 +172,9 @@ class Normalizer:
     def to_dict(self) -> dict:
         return {"version": NORMALIZER_VERSION,
                 **{kind: {"mean": self.mean[kind].tolist(), "std": self.std[kind].tolist(),
-                          "names": self.names[kind]} for kind in KINDS},
+                          "names": self.names[kind],
+                          **({"min": self.range[kind][0].tolist(), "max": self.range[kind][1].tolist()}
+                             if self.range[kind] is not None else {})} for kind in KINDS},
                 "constant_channels": list(self.constant_channels)}
 
     @classmethod
@@ -173,5 +184,6 @@ class Normalizer:
         missing = [f"{k}.{f}" for k in KINDS for f in ("mean", "std") if f not in d.get(k, {})]
         if missing:
             raise ValueError(f"normaliser statistics missing: {', '.join(missing)}")
+        ranges = {k: (d[k]["min"], d[k]["max"]) for k in KINDS if "min" in d[k] and "max" in d[k]}
         return cls({k: (d[k]["mean"], d[k]["std"]) for k in KINDS},
-                   {k: d[k].get("names") for k in KINDS}, d.get("constant_channels", []))
+                   {k: d[k].get("names") for k in KINDS}, d.get("constant_channels", []), ranges or None)

@@ -1,19 +1,50 @@
-"""The README's main-job command, with a tiny training budget: real data in, a trained model out."""
+"""The README's main-job command and the synthetic demo, with tiny training budgets: real data in,
+a model trained, a simulator and a policy checked, reports written, paths printed."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import jsonschema
 import pytest
+
+from wmcheck.checks.report_write import schema as load_schema
+
+
+def _demo(tmp_path, *extra):
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "wmcheck.scripts.cli", "--threads", "1", "demo", "--out", str(out),
+                           "--no-progress", *extra], capture_output=True, text=True)
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1 = a gap was found
+    assert "Traceback" not in proc.stderr
+    return out, proc
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end(tmp_path):
-    out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "wmcheck.scripts.cli", "--threads", "1", "demo", "--out", str(out),
-                           "--max-steps", "20", "--no-progress"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "episodes         5 produced" in proc.stdout  # the embedded subset's import summary
+def test_wind_demo_runs_end_to_end(tmp_path):
+    out, proc = _demo(tmp_path, "--max-steps", "20")
+    assert "episodes         20 produced" in proc.stdout  # the embedded subset, cut into weeks
     assert "findings: 0 error(s)" in proc.stdout
     assert (out / "run" / "model.pt").exists() and (out / "la-haute-borne-R80721.h5").exists()
-    assert "tensorboard --logdir" in proc.stdout
+    reports = []
+    for name in ("report-simulator", "report-policy"):
+        report = json.loads((out / name / "report.json").read_text())
+        jsonschema.validate(report, load_schema())
+        assert (out / name / "report.html").exists() and (out / name / "tb").is_dir()
+        assert report["regimes"] is not None and report["regimes"]["channels"]
+        assert str(out / name / "report.html") in proc.stdout
+        reports.append(report)
+    assert reports[0]["provenance"]["rollouts_source"] == "sim" and reports[1]["provenance"]["rollouts_source"] == "policy"
+    assert proc.returncode == max(r["exit_code"] for r in reports)
+    assert f"tensorboard --logdir {out}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_synthetic_demo_prints_findings_next_to_the_truth(tmp_path):
+    out, proc = _demo(tmp_path, "--synthetic", "--max-steps", "20", "--episodes", "6")
+    assert "injected truth" in proc.stdout
+    for folder in ("faithful", "latency-2", "weak-actuator"):
+        report = json.loads((out / f"report-{folder}" / "report.json").read_text())
+        assert report["verdict"] in ("pass", "fail", "unverifiable")
+    assert "latency: 2 steps" in proc.stdout and "actuator: gain 0.5" in proc.stdout
