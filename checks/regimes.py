@@ -109,7 +109,8 @@ def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_control
         cvals, rvals = checked_controls[..., k], real_controls[..., k]  # (n, H), (m, H)
         cbin, rbin = _bin_of(cvals, edges), _bin_of(rvals, edges)
         t_lo, t_hi = (edges[0], edges[-1]) if training_range is None else (float(training_range[k][0]), float(training_range[k][1]))
-        lo_out, hi_out = cvals < t_lo, cvals > t_hi
+        tol = 1e-4 * max(t_hi - t_lo, 1e-12)  # the controls went through normalise / denormalise (float32)
+        lo_out, hi_out = cvals < t_lo - tol, cvals > t_hi + tol
         bins, masks = [], []
         for j in range(len(edges) - 1):
             cin, rin = cbin == j, rbin == j  # (n, H), (m, H)

@@ -124,8 +124,9 @@ def regime_section(report: dict) -> str:
     nc = "".join(f"<li class='v-unverifiable'>{e(r['text'])}</li>"
                  for r in reg["not_competent"] + reg.get("outside_training_range", [])) or \
         "<li>The model is competent over the checked operating range, which lies inside the training logs' range.</li>"
-    flagged = {r["channel"] for r in reg["regimes"]}
-    chans = [c for c in reg["channels"] if c["name"] in flagged]
+    order = list(dict.fromkeys(r["channel"] for r in reg["regimes"]))  # strongest regime's channel first
+    by_name = {c["name"]: c for c in reg["channels"]}
+    chans = [by_name[n] for n in order if n in by_name]
     if not chans and reg["channels"]:
         chans = [min(reg["channels"], key=lambda c: min([b["p_value"] for b in c["bins"] if b["p_value"] is not None] or [1.0]))]
     obs_names = list(reg["channels"][0]["bins"][0]["effect"]) if reg["channels"] and reg["channels"][0]["bins"] else []

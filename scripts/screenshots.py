@@ -33,13 +33,14 @@ def shoot(url: str, png: Path, width: int, height: int, wait_ms: int) -> None:
                        check=True, capture_output=True, timeout=180)
 
 
-def shrink(png: Path, max_width: int = 900, colors: int = 128) -> None:
-    """Downscale and palette-quantise so the committed PNG stays small."""
+def shrink(png: Path, max_width: int = 760, max_height: int = 1100, colors: int = 32) -> None:
+    """Downscale, crop to the top and palette-quantise so the committed PNG stays small."""
     from PIL import Image
 
     img = Image.open(png).convert("RGB")
     if img.width > max_width:
         img = img.resize((max_width, round(img.height * max_width / img.width)), Image.LANCZOS)
+    img = img.crop((0, 0, img.width, min(img.height, max_height)))
     img.quantize(colors=colors).save(png, optimize=True)
 
 
