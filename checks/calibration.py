@@ -100,9 +100,11 @@ class Calibration:
 
 
 def pooled_detect(checked: dict[str, np.ndarray], null: dict[str, np.ndarray], alpha: float,
-                  rng: np.random.Generator | None = None) -> tuple[bool, dict[str, float]]:
-    """The pooled test of a check: any score's one-sided Mann-Whitney p < alpha / (2 * #scores)."""
-    ps = {s: mann_whitney_greater(checked[s], null[s], rng) for s in SCORES}
+                  rng: np.random.Generator | None = None, permutations: int = 20000) -> tuple[bool, dict[str, float]]:
+    """The pooled test of a check: any score's one-sided Mann-Whitney p < alpha / (2 * #scores).
+    `permutations`: Monte-Carlo size of the exact test on small samples (the power table, which
+    runs this hundreds of times, uses fewer: its p-values only need to resolve alpha / 6)."""
+    ps = {s: mann_whitney_greater(checked[s], null[s], rng, permutations) for s in SCORES}
     return any(p < alpha / (2 * len(SCORES)) for p in ps.values()), ps
 
 
@@ -124,7 +126,7 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
         hits = 0
         for _ in range(reps):
             idx = rng.choice(nB, size=n, replace=False)
-            hits += pooled_detect({s: scores[s][idx] for s in SCORES}, cal.power["null"], alpha, rng)[0]
+            hits += pooled_detect({s: scores[s][idx] for s in SCORES}, cal.power["null"], alpha, rng, permutations=2000)[0]
         return hits / reps, n
 
     control = cal.power.get("control")
@@ -147,9 +149,12 @@ def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator
     if gap == "latency":
         return [shift_actions(e, -int(size)) for e in episodes]  # commands take effect `size` steps late
     if gap == "actuator":
+        # A checked system whose commands act `size` times as strongly as reality's: the real
+        # motions stay, the logged commands become 1/size of the real ones (this keeps them
+        # inside the training range; scaling them up would test the model's extrapolation).
         out = episodes
         for c in range(norm.dim("action")):
-            out = [actuator(e, c, gain=float(size)) for e in out]
+            out = [actuator(e, c, gain=1.0 / float(size)) for e in out]
         return out
     std = norm.std["obs"].astype(float)
     if gap == "sensor_noise":
