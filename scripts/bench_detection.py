@@ -463,7 +463,7 @@ def jobs_for(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarray) -> 
 def run_system(spec: SystemSpec, work: Path, args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log_path, run_dir = work / "real.h5", work / "run"
-    reality = RealityProfile(**spec.reality, seed=0, name="reality")
+    reality = RealityProfile(**spec.reality, seed=0)
     t0 = time.perf_counter()
     have_run = args.reuse and (run_dir / "calibration.json").exists() and log_path.exists()
     if not have_run:
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         args.device = "cuda" if args.config == "gpu" else "cpu"
     if args.workers is None:
         args.workers = max(1, (os.cpu_count() or 1) - 2) if args.config == "gpu" else 1
-    if args.device != "cpu" and not torch.cuda.is_available():
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA device here; use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
