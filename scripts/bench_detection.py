@@ -211,7 +211,7 @@ def record(env_id: str, profile: RealityProfile, policy, episodes: int, max_step
            path: Path, source: str) -> LogMeta:
     rid, kw = reality_env_args(env_id, profile)
     with Recorder(rid, policy, seed, kw, max_steps) as rec:
-        meta = dataclasses.replace(rec.meta(source))
+        meta = rec.meta(source)
         eps = list(rec.episodes(episodes))
     write_log(path, eps, meta)
     return meta
