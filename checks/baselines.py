@@ -4,7 +4,7 @@ Owns two detectors that score checked episodes against held-out real episodes wi
 block units and the same rank test as the checks:
   - `mmd_baseline`: no model at all; a block-permutation MMD two-sample test on visited states
     (observations with the controls that led there).
-  - `OneStepEnsemble` / `mlp_baseline`: a one-step model without latent state, an ensemble of K
+  - `OneStepEnsemble` / `MLPBaseline` / `mlp_baseline`: a one-step model without latent state, an ensemble of K
     small MLPs (bootstrap-trained) predicting obs_{t+1} - obs_t from (obs_t, a_t, e_t) in
     normalised units; each block's score is its mean squared one-step residual, compared with
     held-out real blocks by a one-sided Mann-Whitney test.
@@ -73,16 +73,30 @@ class OneStepEnsemble:
         return ((pred - y) ** 2).mean(-1)
 
 
+class MLPBaseline:
+    """The one-step MLP ensemble baseline fitted once on training episodes, then used on many checks:
+    `MLPBaseline(train, real_heldout, norm).test(checked)` (a benchmark runs dozens of checks)."""
+
+    def __init__(self, train: list[Episode], real_heldout: list[Episode], norm: Normalizer, block: int = 64,
+                 members: int = 5, steps: int = 300, seed: int = 0):
+        self.norm, self.block = norm, block
+        self.ensemble = OneStepEnsemble(norm.dims[0] + norm.dims[1] + norm.dims[2], norm.dims[0], members, seed=seed)
+        self.ensemble.fit(_transitions(train, norm), steps=steps)
+        self.real = self.block_scores(real_heldout)
+
+    def block_scores(self, eps: list[Episode]) -> np.ndarray:
+        """Mean squared one-step residual per block of `block` steps: (n_blocks,)."""
+        return np.array([b.mean() for x, y in _transitions(eps, self.norm)
+                         for b in _blocks(self.ensemble.residual(x, y), self.block)])
+
+    def test(self, checked: list[Episode]) -> BaselineResult:
+        c = self.block_scores(checked)
+        return BaselineResult(mann_whitney_greater(c, self.real), rank_auc(c, self.real))
+
+
 def mlp_baseline(train: list[Episode], real_heldout: list[Episode], checked: list[Episode], norm: Normalizer,
                  block: int = 64, members: int = 5, steps: int = 300, seed: int = 0) -> BaselineResult:
-    ens = OneStepEnsemble(norm.dims[0] + norm.dims[1] + norm.dims[2], norm.dims[0], members, seed=seed)
-    ens.fit(_transitions(train, norm), steps=steps)
-
-    def block_scores(eps):
-        return np.array([b.mean() for x, y in _transitions(eps, norm) for b in _blocks(ens.residual(x, y), block)])
-
-    c, r = block_scores(checked), block_scores(real_heldout)
-    return BaselineResult(mann_whitney_greater(c, r), rank_auc(c, r))
+    return MLPBaseline(train, real_heldout, norm, block, members, steps, seed).test(checked)
 
 
 def mmd_baseline(real_heldout: list[Episode], checked: list[Episode], norm: Normalizer, block: int = 64,
