@@ -134,3 +134,36 @@ def block_mmd_test(x_blocks: list[np.ndarray], y_blocks: list[np.ndarray], rng: 
         b = np.concatenate([blocks[i] for i in perm[nx:]])
         count += mmd2_rbf(a, b, bandwidth) >= observed - 1e-12
     return observed, (1 + count) / (permutations + 1)
+
+
+def signed_rank_test(d: np.ndarray, alternative: str = "greater", rng: np.random.Generator | None = None,
+                     flips: int = 20000) -> float:
+    """Wilcoxon signed-rank p-value for paired differences d (one per episode; zeros dropped).
+
+    alternative "greater": d tends to be positive; "two-sided": d is not centred on 0. Exact by
+    Monte-Carlo sign flips when fewer than 20 non-zero differences, otherwise the normal
+    approximation with tie and continuity corrections.
+    """
+    if alternative not in ("greater", "two-sided"):
+        raise ValueError(f"alternative must be 'greater' or 'two-sided', got {alternative!r}")
+    d = np.asarray(d, float)
+    d = d[d != 0]
+    n = len(d)
+    if n == 0:
+        return 1.0
+    ranks = _ranks(np.abs(d))
+    w = float(ranks[d > 0].sum())  # sum of the positive differences' ranks
+    mu = ranks.sum() / 2.0
+    if n < 20:
+        rng = rng or np.random.default_rng(0)
+        signs = rng.random((flips, n)) < 0.5
+        null = (ranks * signs).sum(1)
+        if alternative == "greater":
+            return float((1 + np.sum(null >= w - 1e-9)) / (flips + 1))
+        return float(min(1.0, (1 + np.sum(np.abs(null - mu) >= abs(w - mu) - 1e-9)) / (flips + 1)))
+    var = (ranks**2).sum() / 4.0  # exact under sign symmetry, ties included
+    if var <= 0:
+        return 1.0
+    if alternative == "greater":
+        return float(_norm_sf((w - mu - 0.5) / math.sqrt(var)))
+    return float(min(1.0, 2 * _norm_sf((abs(w - mu) - 0.5) / math.sqrt(var))))
