@@ -189,7 +189,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             coverage={int(e.id): float((sc.support_steps[blocks.episode == e.id] <= real_step_q).mean()) for e in checked_eps},
             support_steps={int(e.id): int(sc.support_steps[blocks.episode == e.id].size) for e in checked_eps})
         pol = policy_section(model, norm, episodes, policy, ep_blocks, gate.policy, alpha, div_q, cfg.context,
-                             meta.dt or bundle.channels.get("dt"), norm.names["obs"], rng, seed)
+                             meta.dt or bundle.channels.get("dt"), norm.names["obs"], cal.info, rng, seed)
         if not pol["gate"]["passed"]:
             verdict = "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and gate.allow_unverifiable) else 1

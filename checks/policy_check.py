@@ -5,8 +5,10 @@ each episode's success, `datasets.record.Outcome`) and the model's closed-loop r
 initial conditions (`policy_rollout.closed_loop`), it computes:
 
   returns       per episode, the simulator's return vs the mean of the model's S rollouts' returns
-                (paired, same initial conditions); mean difference with a block-bootstrap interval
-                over episodes, two-sided Wilcoxon signed-rank p; the share of episodes whose
+                (paired, same initial conditions); mean difference with a bootstrap interval over
+                episodes; the model's resolution (the reward head's mean absolute error per step on
+                held-out real data, from calibration, times the closed-loop steps): a two-sided
+                sign-flip test of whether the difference exceeds it; the share of episodes whose
                 simulator return falls inside the model rollouts' range ((S-1)/(S+1) expected when the
                 simulator behaves like the model's reality)
   visitation    the states the policy visits in the simulator vs inside the model (block MMD test with
@@ -14,9 +16,10 @@ initial conditions (`policy_rollout.closed_loop`), it computes:
   coverage      the share of the policy's simulator steps inside the real logs' support (the check's
                 latent distance within the 99% range of held-out real steps), overall and on successes
   exploitation  does the policy's success rely on the simulator being kinder than reality? One-sided
-                signed-rank test that simulator returns exceed the model's (at the gate's alpha); the
+                sign-flip test that simulator returns exceed the model's by more than its resolution
+                (at the gate's alpha); the
                 high-return episodes (successful ones, else the upper half of returns) whose simulator
-                return lies above every model rollout, with the step where the two trajectories split
+                return lies above every model rollout and beyond the resolution, with the step where the two trajectories split
                 (the closed-loop standardised error first above the calibrated per-horizon 1 - alpha
                 quantile of real blocks' open-loop error) and the states there; and the share of
                 high-return episodes that pass through blocks the check flags
@@ -34,7 +37,7 @@ import numpy as np
 
 from wmcheck.checks.config import POLICY_GATE_DEFAULTS
 from wmcheck.checks.policy_rollout import ClosedLoop, ClosedLoopConfig, closed_loop
-from wmcheck.checks.stats import block_mmd_test, percentile_interval, signed_rank_test
+from wmcheck.checks.stats import block_mmd_test, percentile_interval, sign_flip_test
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import Outcome, SpaceCodec, episode_outcome, make_env, make_policy, make_success
@@ -75,8 +78,14 @@ class EpisodeBlocks:
 
 def policy_section(model, norm: Normalizer, episodes: list[Episode], run: PolicyRun, blocks: EpisodeBlocks,
                    gate_policy: dict, alpha: float, div_q: np.ndarray, context: int, dt: float | None,
-                   obs_names: list[str], rng: np.random.Generator, seed: int = 0) -> dict:
-    """The report's `policy` section (module docstring); `_plots` holds figure data for the HTML."""
+                   obs_names: list[str], calibration_info: dict, rng: np.random.Generator, seed: int = 0) -> dict:
+    """The report's `policy` section (module docstring); `_plots` holds figure data for the HTML.
+    `calibration_info` gives the reward head's error per step on held-out real data (`calibrate`)."""
+    if "reward_abs_error_per_step" not in calibration_info:
+        raise UserError("this calibration predates policy checks (no reward resolution)",
+                        "re-run `wmcheck calibrate RUNDIR`")
+    resolution = float(calibration_info["reward_abs_error_per_step"])
+    rewarded = float(calibration_info.get("reward_std_real", 0.0)) > 0  # real logs without rewards: no returns to compare
     recorded = episodes
     episodes = [e for e in recorded if e.num_steps > context]  # the model observes `context` rows first
     if not episodes:
@@ -99,17 +108,22 @@ def policy_section(model, norm: Normalizer, episodes: list[Episode], run: Policy
     by_id = dict(zip([int(e.id) for e in recorded], success["per_episode"]))
     high = np.array([bool(by_id[i]) for i in ids]) if success["simulator_rate"] is not None else sim_ret >= np.median(sim_ret)
 
-    # ---- returns: paired per episode, and the distributions
+    # ---- returns: paired per episode, beyond the model's resolution
+    # A difference of returns within the reward head's error on real data (per closed-loop step) is
+    # below what the model can tell apart; the tests ask whether the difference exceeds it.
+    margin = resolution * (cl.lengths - context + 1)  # (n,) closed-loop steps of each episode
     boot = rng.integers(0, n, size=(1000, n))
     ci = percentile_interval(diff[boot].mean(1), 0.9) if n > 1 else (float(diff[0]), float(diff[0]))
-    p_two = signed_rank_test(diff, "two-sided", rng)
-    p_greater = signed_rank_test(diff, "greater", rng)
+    p_greater = sign_flip_test(diff - margin, rng) if rewarded else 1.0
+    p_less = sign_flip_test(-diff - margin, rng) if rewarded else 1.0
+    p_two = min(1.0, 2 * min(p_greater, p_less))
     inside = (sim_ret >= model_rets.min(1)) & (sim_ret <= model_rets.max(1))
     returns = {
         "simulator": _quantiles(sim_ret), "model": _quantiles(model_rets.ravel()),
         "paired_difference_mean": _r(diff.mean()), "paired_difference_ci": [_r(ci[0]), _r(ci[1])],
-        "p_value": _r(p_two), "differs": bool(p_two < alpha),
+        "model_resolution": _r(margin.mean()), "p_value": _r(p_two), "differs": bool(p_two < alpha),
         "inside_model_range": _r(inside.mean()), "inside_model_range_expected": _r((S - 1) / (S + 1)),
+        "compared": rewarded,
     }
 
     # ---- state visitation: simulator vs model closed loop, rows context..N of each episode
@@ -129,13 +143,13 @@ def policy_section(model, norm: Normalizer, episodes: list[Episode], run: Policy
 
     # ---- exploitation
     flagged = np.array([blocks.flagged.get(i, False) for i in ids])
-    exploited = high & (sim_ret > model_rets.max(1))
+    exploited = high & (sim_ret > model_rets.max(1)) & (diff > margin)  # beyond every rollout and the resolution
     order = np.flatnonzero(exploited)[np.argsort(-diff[exploited])]
     listed = [_split(episodes[i], cl, i, norm, div_q, dt, obs_names) | {
         "id": ids[i], "simulator_return": _r(sim_ret[i]), "model_return": _r(model_ret[i]),
         "model_return_range": [_r(model_rets[i].min()), _r(model_rets[i].max())],
         "through_flagged_block": bool(flagged[i])} for i in order[:20]]
-    flag = bool(p_greater < alpha and diff.mean() > 0)
+    flag = bool(p_greater < alpha)
     exploitation = {
         "flag": flag, "p_value": _r(p_greater), "high_return_episodes": int(high.sum()),
         "high_return_definition": "successful" if success["simulator_rate"] is not None else "return >= median",
@@ -143,14 +157,16 @@ def policy_section(model, norm: Normalizer, episodes: list[Episode], run: Policy
         "through_flagged_fraction_high": _r(flagged[high].mean()) if high.any() else None,
         "through_flagged_fraction_other": _r(flagged[~high].mean()) if (~high).any() else None,
         "episodes": listed,
-        "explanation": (f"simulator returns exceed the model's closed-loop returns from the same initial conditions by "
-                        f"{diff.mean():.3g} on average (90% interval [{ci[0]:.3g}, {ci[1]:.3g}], one-sided signed-rank p = {p_greater:.3g}); "
-                        f"{int(exploited.sum())} of {int(high.sum())} high-return episodes score above every model rollout; "
-                        f"{int(flagged[high].sum())} of them pass through blocks the check flags"),
+        "explanation": (("the real logs carry no rewards: returns cannot be compared; " if not rewarded else "") +
+                        f"simulator returns exceed the model's closed-loop returns from the same initial conditions by "
+                        f"{diff.mean():.3g} on average (90% interval [{ci[0]:.3g}, {ci[1]:.3g}]; the model resolves {margin.mean():.3g}, "
+                        f"one-sided sign-flip p = {p_greater:.3g} that the excess is beyond it); "
+                        f"{int(exploited.sum())} of {int(high.sum())} high-return episodes score above every model rollout by more than the resolution; "
+                        f"{int(flagged[high].sum())} of the {int(high.sum())} high-return episodes pass through blocks the check flags"),
     }
 
     # ---- gate
-    gate = _gate(gate_policy, len(recorded), success, flag)
+    gate = policy_gate(gate_policy, len(recorded), success, flag)
     return {
         "policy": run.policy if isinstance(run.policy, str) else getattr(run.policy, "__name__", repr(run.policy)),
         "env": run.env_id, "episodes": len(recorded), "closed_loop_episodes": n, "closed_loop_samples": S,
@@ -229,7 +245,9 @@ def _split(ep: Episode, cl: ClosedLoop, i: int, norm: Normalizer, div_q: np.ndar
             "model_state": {n: _r(v) for n, v in zip(names, mean_raw)}}
 
 
-def _gate(gate_policy: dict, n: int, success: dict, exploit_flag: bool) -> dict:
+def policy_gate(gate_policy: dict, n: int, success: dict, exploit_flag: bool) -> dict:
+    """The policy gate: `n` simulator episodes and the success rate (`success["simulator_rate"]`, None if
+    unknown) against the gate's requirements (defaults for absent keys), and the exploitation flag."""
     req = {**POLICY_GATE_DEFAULTS, **(gate_policy or {})}
     min_eps, min_rate = int(req["min_episodes"]), float(req["min_success_rate"])
     rate = success["simulator_rate"]

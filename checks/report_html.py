@@ -138,7 +138,8 @@ from the same initial conditions ({pol['context_steps']} observed steps, then th
 <table id="policy-gate"><tr><th>policy gate</th><th>this check</th><th>required</th><th>status</th></tr>{gate_rows}</table>
 {f'<ul class="warn">{reasons}</ul>' if reasons else ''}
 <p><b>Returns</b>: simulator mean {_fmt(r['simulator']['mean'])}, model mean {_fmt(r['model']['mean'])}; paired difference (simulator - model) {_fmt(r['paired_difference_mean'])}
-(90% interval {e(_fmt(r['paired_difference_ci']))}, signed-rank p = {_fmt(r['p_value'])}{', significant' if r['differs'] else ''}); {_fmt(r['inside_model_range'])} of the simulator returns lie inside the model's range
+(90% interval {e(_fmt(r['paired_difference_ci']))}); the model resolves differences beyond {_fmt(r.get('model_resolution'))} (its reward error on real data),
+sign-flip p = {_fmt(r['p_value'])} that the difference exceeds that{', significant' if r['differs'] else ''}; {_fmt(r['inside_model_range'])} of the simulator returns lie inside the model's range
 (expected {_fmt(r['inside_model_range_expected'])} if the simulator behaved like reality).</p>
 <p><b>Exploitation</b>: {e(x['explanation'])}.</p>
 <p><b>Coverage</b>: {_fmt(c['fraction_in_support'])} of the policy's simulator steps lie inside the real logs' support ({_fmt(c['successful_fraction_in_support'])} on its successful episodes).

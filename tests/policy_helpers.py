@@ -3,7 +3,8 @@
 `swing_up` is an energy-shaping swing-up with a PD catch for Pendulum-v1 (observation
 [cos theta, sin theta, theta_dot], theta = 0 upright): it pumps the pendulum's energy towards the
 upright rest energy, then balances with PD feedback once it is near the top. `upright` is a success
-rule on the recorded episode; `UprightPendulum` is Pendulum-v1 reporting `info["is_success"]`.
+rule on the recorded episode; `UprightPendulum` is Pendulum-v1 reporting `info["is_success"]`;
+`NoisySwingUp` is the swing-up with held torque noise, for recording "real" logs around the policy.
 """
 from __future__ import annotations
 
@@ -26,6 +27,23 @@ def swing_up(obs) -> np.ndarray:
     else:
         u = -0.5 * energy * (1.0 if w >= 0 else -1.0)  # pump energy: dE/dt = 3 u theta_dot
     return np.array([min(MAX_TORQUE, max(-MAX_TORQUE, u))], np.float32)
+
+
+class NoisySwingUp:
+    """`swing_up` plus Gaussian torque noise held for `hold` steps: an operator's controller with
+    excitation, the kind of policy real logs are recorded under."""
+
+    def __init__(self, std: float = 0.7, hold: int = 5, seed: int = 0):
+        self.std, self.hold, self.rng, self.t, self.noise = std, hold, np.random.default_rng(seed), 0, 0.0
+
+    def reset(self, seed: int) -> None:
+        self.rng, self.t = np.random.default_rng([seed, 7]), 0
+
+    def __call__(self, obs) -> np.ndarray:
+        if self.t % self.hold == 0:
+            self.noise = float(self.rng.normal(0.0, self.std))
+        self.t += 1
+        return np.clip(swing_up(obs) + self.noise, -MAX_TORQUE, MAX_TORQUE).astype(np.float32)
 
 
 def _upright_tail(observations, steps: int = 20, tol: float = 0.3) -> bool:
@@ -55,3 +73,8 @@ class UprightPendulum(gym.Wrapper):
         self._recent = (self._recent + [obs])[-20:]
         info = dict(info, is_success=_upright_tail(self._recent))
         return obs, r, term, trunc, info
+
+
+def idle(obs) -> np.ndarray:
+    """No torque: the pendulum never comes up (a policy that fails its task)."""
+    return np.zeros(1, np.float32)
