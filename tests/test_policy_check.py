@@ -120,7 +120,14 @@ def test_simulator_artefact_exploitation_flagged(lighter_report, tmp_path):
     assert not pol["gate"]["passed"] and any("relies on the simulator" in r for r in pol["gate"]["reasons"])
     assert "policy gate is not met" in report["summary"]["message"]
     paths = write_outputs(report, tmp_path / "r")
-    assert any(p.name.startswith("events") for p in (tmp_path / "r" / "tb").iterdir())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "r" / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"check/policy/exploitation_flag", "check/policy/success_rate", "check/policy/return_difference",
+            "check/policy/coverage", "check/policy/gate_passed"} <= tags, tags
+    assert events.Scalars("check/policy/exploitation_flag")[0].value == 1.0
     assert "High-return episodes above every model rollout" in paths["html"].read_text()
 
 
