@@ -90,8 +90,9 @@ def closed_loop(model, norm: Normalizer, episodes: list[Episode], policy, codec:
     for c0 in range(0, len(rows), cfg.chunk):
         chunk = rows[c0 : c0 + cfg.chunk]
         out = _rollout_chunk(model, norm, [episodes[i] for i, _ in chunk], policy, codec, env, context)
+        Tc = out[0].shape[1]  # this chunk's longest episode (+1): the rest stays padding
         for j, (i, s) in enumerate(chunk):
-            obs[i, s], actions[i, s], rewards[i, s], alive[i, s] = (x[j] for x in out)
+            obs[i, s, :Tc], actions[i, s, : Tc - 1], rewards[i, s, : Tc - 1], alive[i, s, : Tc - 1] = (x[j] for x in out)
     return ClosedLoop([int(e.id) for e in episodes], context, obs, actions, rewards, alive,
                       np.array([e.num_steps for e in episodes]))
 
