@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         rollouts = args.out / "rollouts.h5"
         kwargs = _env_kwargs(args.env_kwargs)
         checking_policy = bool(args.policy) and is_policy(args.policy)
-        episodes = args.episodes or (int(gate.policy["min_episodes"]) if checking_policy else 20)
+        episodes = args.episodes if args.episodes is not None else (int(gate.policy["min_episodes"]) if checking_policy else 20)
         outcomes: dict = {}
         record_to_log(rollouts, args.env, args.policy or "random", episodes=episodes, max_steps=args.max_steps,
                       seed=args.seed, env_kwargs=kwargs, source="policy" if args.policy else "sim",
