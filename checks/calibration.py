@@ -7,6 +7,9 @@ Owns `calibrate(run_dir, log)` and the files it writes next to the model:
 Held-out = the validation episodes of the model's own split (never trained on). Every statistic
 is per block of consecutive steps, so checks can resample blocks (autocorrelation respected).
 
+Reward resolution: the reward head's mean absolute error per step on the held-out blocks (for
+policy checks' return comparisons).
+
 Power: the held-out episodes are split in two halves by episode; gaps of graded size are injected
 into half B (actions delayed, commands scaled, observation noise and bias added) and tested against
 half A with the same pooled test a check runs; the smallest size detected with probability
@@ -219,7 +222,9 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
             power["gaps"][gap] = {"sizes": sizes, "units": POWER_UNITS[gap], "scores": entries}
     else:
         power["null"] = {s: getattr(real, s) for s in SCORES}
+    reward_err, reward_std = reward_resolution(model, blocks)
     info = {"log": str(log_path), "log_sha256": data_hash, "model_sha256": bundle.file_hash,
+            "reward_abs_error_per_step": reward_err, "reward_std_real": reward_std,
             "held_out_episodes": val_ids, "blocks": len(blocks), "block_length": blocks.length,
             "training_latents": int(len(feats)), "seconds": round(time.perf_counter() - t0, 1),
             "dt": bundle.channels.get("dt")}
@@ -230,6 +235,21 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     cal.save(run_dir)
     say(f"  calibration written to {run_dir / 'calibration.json'} ({info['seconds']} s)")
     return cal
+
+
+def reward_resolution(model, blocks, chunk: int = 64) -> tuple[float, float]:
+    """(mean |reward head - logged reward| per step, std of the logged rewards) on held-out real blocks,
+    from filtered (posterior) states: how finely the model can tell returns apart. Policy checks
+    treat return differences within this per step as below the model's resolution."""
+    errs, rewards = [], []
+    model.eval()
+    with torch.no_grad():
+        for _, b in blocks.torch_chunks(chunk):
+            obsd, _ = model.observe(b, sample=False)
+            pred = model.twohot.mean(model.reward(obsd.state.feat()))  # (n, L) predicts reward[t] = r_{t-1}
+            errs.append((pred - b.reward.float())[:, 1:].abs().numpy())  # column 0 starts a block: no reward
+            rewards.append(b.reward[:, 1:].float().numpy())
+    return float(np.concatenate(errs).mean()), float(np.concatenate(rewards).std())
 
 
 def _training_log(run_dir: Path) -> Path:

@@ -12,6 +12,8 @@ Owns the verdict logic (see product.md):
   - the run additionally gets a pooled test over all competent blocks at alpha / (2 * 3).
   The union bound keeps the false-alarm rate of a faithful run at or below alpha.
 Then attribution (attribution.py), the distribution test, the power table, and the report.
+With a policy (`PolicyRun`), the closed-loop policy check and its gate (policy_check.py) add the
+report's `policy` section; a failed policy gate fails the check.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from wmcheck.checks import attribution as attr
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.calibration import Calibration, power_table
 from wmcheck.checks.config import COMPETENCE, SCORES, Gate
+from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import latent_features, score_blocks
 from wmcheck.checks.stats import block_mmd_test, conformal_p, mann_whitney_greater, rank_auc
@@ -35,7 +38,7 @@ from wmcheck.datasets.normalize import Normalizer
 from wmcheck.scripts.errors import UserError
 from wmcheck.training.checkpoint import file_sha256, load_model
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: adds the `policy` and `regimes` sections
 NEXT_STEPS = {
     "latency": "add the estimated action delay to the simulator's control loop (or model the measured loop timing) and re-check",
     "actuator": "calibrate the simulated actuator: apply the estimated gain / offset / deadband to the commands, then re-check",
@@ -66,7 +69,9 @@ def _read_checked(path: Path, channels: dict):
 
 
 def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = None, command: str | None = None,
-              seed: int = 0) -> dict:
+              seed: int = 0, policy: PolicyRun | None = None) -> dict:
+    """Check the rollouts in `rollouts` against the model in `run_dir`; with `policy` (the policy and
+    env that recorded them), also the closed-loop policy check."""
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     gate = gate or Gate()
@@ -106,6 +111,11 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     a_comp = alpha / (2 * n_ep)
     div_q = np.quantile(real.div_curve, 1 - alpha, axis=0)  # (H,) per-horizon threshold for the onset
     ep_entries = []
+    # The first competent block that a score flags: conformal p below alpha, or (with few
+    # calibration blocks, where p cannot go below 1/(m+1)) a score above every real block.
+    p_floor = max(alpha, 1.0 / (len(real.divergence) + 1))
+    block_p = np.min(np.stack([conformal_p(getattr(sc, s), getattr(real, s)) for s in SCORES]), 0)  # (n_blocks,)
+    flagged_block = competent & (block_p <= p_floor)
     for ep in checked_eps:
         idx = np.flatnonzero(blocks.episode == ep.id)
         cidx = idx[competent[idx]]
@@ -119,13 +129,10 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         divergent = any(p < a_ep for p in div_p.values() if not math.isnan(p))
         verdict = "divergent" if divergent else ("unverifiable" if unverifiable else "consistent")
         onset = None
-        # The first competent block that a score flags: conformal p below alpha, or (with few
-        # calibration blocks, where p cannot go below 1/(m+1)) a score above every real block.
-        p_floor = max(alpha, 1.0 / (len(real.divergence) + 1))
         for b in cidx:
-            ps = {s: conformal_p(getattr(sc, s)[b], getattr(real, s))[0] for s in SCORES}
-            if min(ps.values()) <= p_floor:
-                over = np.flatnonzero(sc.div_curve[b] > div_q) if ps["divergence"] <= p_floor else np.array([], int)
+            if flagged_block[b]:
+                div_flag = conformal_p(sc.divergence[b], real.divergence)[0] <= p_floor
+                over = np.flatnonzero(sc.div_curve[b] > div_q) if div_flag else np.array([], int)
                 onset = int(blocks.start[b] + cfg.context + (over[0] if len(over) else 0))
                 break
         score = max(rank_auc(getattr(sc, s)[idx], getattr(real, s)) for s in SCORES)
@@ -175,6 +182,17 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         verdict = "unverifiable"
     else:
         verdict = "pass"
+    # ---- policy: closed loop in the model vs the simulator, and the policy gate
+    pol, main_verdict = None, verdict
+    if policy is not None:
+        ep_blocks = EpisodeBlocks(
+            flagged={int(e.id): bool(flagged_block[blocks.episode == e.id].any()) for e in checked_eps},
+            coverage={int(e.id): float((sc.support_steps[blocks.episode == e.id] <= real_step_q).mean()) for e in checked_eps},
+            support_steps={int(e.id): int(sc.support_steps[blocks.episode == e.id].size) for e in checked_eps})
+        pol = policy_section(model, norm, episodes, policy, ep_blocks, gate.policy, alpha, div_q, cfg.context,
+                             meta.dt or bundle.channels.get("dt"), norm.names["obs"], cal.info, rng, seed)
+        if not pol["gate"]["passed"]:
+            verdict = "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and gate.allow_unverifiable) else 1
     score = max(rank_auc(getattr(sc, s)[comp_idx if len(comp_idx) else slice(None)], getattr(real, s)) for s in SCORES)
     power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=seed)
@@ -192,7 +210,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             "blocks": int(len(blocks)), "competent_blocks": int(len(comp_idx)),
             "pooled_p_values": {k: _r(v) for k, v in pooled_p.items()},
             "alpha": alpha, "tolerated_by_gate": bool(tolerated),
-            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated),
+            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol, main_verdict),
         },
         "episodes": ep_entries,
         "gaps": gaps,
@@ -214,6 +232,8 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             "rollouts": str(rollouts), "rollouts_sha256": file_sha256(rollouts), "rollouts_source": meta.source,
             "dt": dt, "seconds": round(time.perf_counter() - t0, 1),
         },
+        "policy": None if pol is None else {k: v for k, v in pol.items() if not k.startswith("_")},
+        "_policy_plots": None if pol is None else pol["_plots"],
         "_plots": _plot_data(sc, blocks, comp_idx, norm, bundle.channels, cfg),
         "_embedding": _embedding(model, blocks, cal, rng),
     }
@@ -394,7 +414,11 @@ def _all_tolerated(gaps: dict) -> bool:
     return bool(present) and all(gaps[g]["verdict"] == "tolerated" for g in present) and gaps["dynamics"]["verdict"] != "present"
 
 
-def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated) -> str:
+def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol=None, main_verdict=None) -> str:
+    if pol is not None and not pol["gate"]["passed"]:
+        head = "FAIL: the policy gate is not met: " + "; ".join(pol["gate"]["reasons"]) + "."
+        rest = _message(main_verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated)
+        return head + " " + (rest if main_verdict == "fail" else "Consistency check: " + rest)
     parts = []
     if verdict == "pass":
         parts.append(f"PASS: {n_ep} episode(s) consistent with reality as the model knows it" + (" (gaps within gate tolerances)" if tolerated else "") + ".")
@@ -409,8 +433,10 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
         else:
             parts.append("This pass would have caught: " + (", ".join(worth) or "none of the injected gap sizes") + "."
                          + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else ""))
-    elif verdict == "fail":
+    elif verdict == "fail" and n_div > 0:
         parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
+    elif verdict == "fail":
+        parts.append("FAIL: the pooled test over all blocks finds the checked episodes worse than reality.")
     else:
         parts.append(f"UNVERIFIABLE: {n_unv} of {n_ep} episode(s) visit states where the model is not competent; this is not a pass.")
     if top != "none":

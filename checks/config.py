@@ -16,6 +16,9 @@ from wmcheck.scripts.errors import UserError
 
 SCORES = ("divergence", "nll", "kl")  # the tests behind `divergent`
 COMPETENCE = ("support", "disagreement")  # the tests behind `unverifiable`
+POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
+"""Field practice before hardware time: >= 1,000 simulator episodes across the task distribution,
+simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "distribution")
 
 
@@ -74,14 +77,16 @@ class Gate:
                         latency: {max_steps}, actuator: {max_gain_error, max_offset}, sensor_noise:
                         {max_ratio, max_bias}, distribution: {min_coverage}
     allow_unverifiable: let unverifiable episodes pass (exit 0) — the report still says so
-    policy:             {min_episodes, min_success_rate} for closed-loop policy checks
+    policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`):
+                        a policy check with fewer simulator episodes or a lower simulator success
+                        rate fails; defaults 1000 / 0.85
     """
 
     alpha: float | None = None
     score_alpha: dict[str, float] = field(default_factory=dict)
     tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
     allow_unverifiable: bool = False
-    policy: dict[str, float] = field(default_factory=lambda: {"min_episodes": 1000, "min_success_rate": 0.85})
+    policy: dict[str, float] = field(default_factory=lambda: dict(POLICY_GATE_DEFAULTS))
     source: str = "defaults"
 
     @classmethod
@@ -110,9 +115,27 @@ class Gate:
         if bad_scores or bad_gaps:
             raise UserError(f"gate file {path}: unknown scores {sorted(bad_scores)} / gaps {sorted(bad_gaps)}",
                             f"scores are {SCORES + COMPETENCE}; gaps are {GAPS}")
+        if "policy" in data:
+            data["policy"] = validate_gate_policy(data["policy"], f"gate file {path}")
         gate = cls(**data)
         gate.source = str(path)
         for name, a in [("alpha", gate.alpha), *gate.score_alpha.items()]:
             if a is not None and not 0 < float(a) < 1:
                 raise UserError(f"gate file {path}: {name} must be in (0, 1), got {a}", "use a probability such as 0.05")
         return gate
+
+
+def validate_gate_policy(policy, where: str) -> dict:
+    """The gate file's `policy:` mapping, checked: {min_episodes: int >= 1, min_success_rate: [0, 1]}."""
+    if not isinstance(policy, dict):
+        raise UserError(f"{where}: policy must be a mapping", "write policy: {min_episodes: 1000, min_success_rate: 0.85}")
+    unknown = set(policy) - set(POLICY_GATE_DEFAULTS)
+    if unknown:
+        raise UserError(f"{where}: unknown policy keys {sorted(unknown)}", f"use {sorted(POLICY_GATE_DEFAULTS)}")
+    out = {**POLICY_GATE_DEFAULTS, **policy}
+    m, r = out["min_episodes"], out["min_success_rate"]
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or m < 1 or int(m) != m:
+        raise UserError(f"{where}: policy.min_episodes must be a whole number >= 1, got {m!r}", "e.g. min_episodes: 1000")
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+        raise UserError(f"{where}: policy.min_success_rate must be in [0, 1], got {r!r}", "e.g. min_success_rate: 0.85")
+    return {"min_episodes": int(m), "min_success_rate": float(r)}

@@ -2,8 +2,10 @@
 
 Owns the page layout: verdict first; the reality-gap table (one row per gap type, green / amber /
 red, evidence, estimate, interval, what to do next); divergence vs horizon; per-channel overlays of
-the checked data vs the model's prediction with bands for the worst blocks; episodes; the power
-table; provenance. Figures are matplotlib PNGs embedded as data URIs.
+the checked data vs the model's prediction with bands for the worst blocks; the operating regimes
+where the checked data diverge; the closed-loop policy check (gate, returns in the simulator vs
+inside the model, exploitation, coverage), when a policy was run; episodes; the power table;
+provenance. Figures are matplotlib PNGs embedded as data URIs.
 """
 from __future__ import annotations
 
@@ -78,6 +80,77 @@ def overlay_figures(report: dict, max_channels: int = 6) -> list[tuple[str, obje
         fig.tight_layout()
         out.append((f"episode {blk['episode']}, steps {blk['start']}-{blk['start'] + truth.shape[0] - 1}", fig))
     return out
+
+
+def policy_return_figure(report: dict):
+    """Per episode: simulator return vs the model's closed-loop return (mean, range over rollouts)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = report.get("_policy_plots") or {}
+    sim, mod = np.asarray(d.get("simulator_return", []), float), np.asarray(d.get("model_return", []), float)
+    lo, hi = np.asarray(d.get("model_return_lo", []), float), np.asarray(d.get("model_return_hi", []), float)
+    high = np.asarray(d.get("high", []), bool)
+    fig, ax = plt.subplots(figsize=(4.2, 4.0))
+    if len(sim):
+        ax.errorbar(sim[~high], mod[~high], yerr=[mod[~high] - lo[~high], hi[~high] - mod[~high]], fmt="o", ms=3, lw=0.6,
+                    color="0.5", label="other episodes")
+        ax.errorbar(sim[high], mod[high], yerr=[mod[high] - lo[high], hi[high] - mod[high]], fmt="o", ms=3, lw=0.6,
+                    color="tab:blue", label="successful / high-return")
+        span = [min(sim.min(), lo.min()), max(sim.max(), hi.max())]
+        ax.plot(span, span, color="k", lw=0.8, ls="--", label="model = simulator")
+    ax.set_xlabel("return in the simulator")
+    ax.set_ylabel("return inside the model (mean, range)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _policy_html(report: dict) -> str:
+    pol = report.get("policy")
+    if not pol:
+        return ""
+    e = html.escape
+    g, r, x, c, v, sc = pol["gate"], pol["returns"], pol["exploitation"], pol["coverage"], pol["visitation"], pol["success"]
+
+    def status(ok: bool) -> str:
+        return f"<span class='dot' style='background:{COLORS['absent' if ok else 'present']}'></span>{'met' if ok else 'not met'}"
+
+    rate = "unknown" if g["success_rate"] is None else f"{g['success_rate']:.1%}"
+    gate_rows = (f"<tr><td>simulator episodes</td><td>{g['episodes']}</td><td>&ge; {g['min_episodes']}</td><td>{status(g['episodes'] >= g['min_episodes'])}</td></tr>"
+                 f"<tr><td>simulator success rate ({e(str(sc['source'] or 'no success source'))})</td><td>{rate}</td><td>&ge; {g['min_success_rate']:.0%}</td>"
+                 f"<td>{status(g['success_rate'] is not None and g['success_rate'] >= g['min_success_rate'])}</td></tr>"
+                 f"<tr><td>exploitation of the simulator</td><td>{'flagged' if x['flag'] else 'not flagged'} (p = {_fmt(x['p_value'])})</td><td>not flagged</td><td>{status(not x['flag'])}</td></tr>")
+    reasons = "".join(f"<li>{e(t)}</li>" for t in g["reasons"])
+    ch_rows = "".join(f"<tr><td>{e(ch['name'])}</td><td>{e(_fmt(ch['simulator_q05_q50_q95']))}</td><td>{e(_fmt(ch['model_q05_q50_q95']))}</td>"
+                      f"<td>{_fmt(ch.get('simulator_inside_model_q01_q99'))}</td></tr>" for ch in v["per_channel"])
+    ep_rows = "".join(f"<tr><td>{ep['id']}</td><td>{_fmt(ep['simulator_return'])}</td><td>{_fmt(ep['model_return'])} {e(_fmt(ep['model_return_range']))}</td>"
+                      f"<td>{_fmt(ep['split_step'])}</td><td>{e(_fmt(ep.get('simulator_state')))}</td><td>{e(_fmt(ep.get('model_state')))}</td>"
+                      f"<td>{'yes' if ep['through_flagged_block'] else 'no'}</td></tr>" for ep in x["episodes"])
+    ep_table = (f"<table id='policy-episodes'><tr><th>episode</th><th>simulator return</th><th>model return (range)</th><th>split step</th>"
+                f"<th>simulator state there</th><th>model state there</th><th>through a flagged block</th></tr>{ep_rows}</table>") if ep_rows else \
+        "<p>No high-return episode scores above every model rollout.</p>"
+    model_rate = "" if sc["model_rate"] is None else f" The same success rule on the model's rollouts: {sc['model_rate']:.1%}."
+    return f"""<h2>Policy, closed loop: simulator vs the model of reality</h2>
+<div id="policy"><p>Policy <code>{e(pol['policy'])}</code> in <code>{e(pol['env'])}</code>: {pol['episodes']} simulator episodes; inside the world model
+from the same initial conditions ({pol['context_steps']} observed steps, then the policy acts on the model's predictions), {pol['closed_loop_samples']} rollouts per episode.{model_rate}</p>
+<table id="policy-gate"><tr><th>policy gate</th><th>this check</th><th>required</th><th>status</th></tr>{gate_rows}</table>
+{f'<ul class="warn">{reasons}</ul>' if reasons else ''}
+<p><b>Returns</b>: simulator mean {_fmt(r['simulator']['mean'])}, model mean {_fmt(r['model']['mean'])}; paired difference (simulator - model) {_fmt(r['paired_difference_mean'])}
+(90% interval {e(_fmt(r['paired_difference_ci']))}); the model resolves differences beyond {_fmt(r.get('model_resolution'))} (its reward error on real data),
+sign-flip p = {_fmt(r['p_value'])} that the difference exceeds that{', significant' if r['differs'] else ''}; {_fmt(r['inside_model_range'])} of the simulator returns lie inside the model's range
+(expected {_fmt(r['inside_model_range_expected'])} if the simulator behaved like reality).</p>
+<p><b>Exploitation</b>: {e(x['explanation'])}.</p>
+<p><b>Coverage</b>: {_fmt(c['fraction_in_support'])} of the policy's simulator steps lie inside the real logs' support ({_fmt(c['successful_fraction_in_support'])} on its successful episodes).
+<b>State visitation</b>, simulator vs model closed loop: block MMD p = {_fmt(v['p_value'])}{' (differs)' if v['differs'] else ''}.</p>
+<figure><img src='{_png(policy_return_figure(report))}' alt='policy returns'><figcaption>Each point is one initial condition: its return in the simulator and inside the model (bar: range over the model's rollouts).</figcaption></figure>
+<table><tr><th>channel</th><th>simulator q05, q50, q95</th><th>model q05, q50, q95</th><th>simulator inside model's 1-99%</th></tr>{ch_rows}</table>
+<h3>High-return episodes above every model rollout</h3>
+{ep_table}</div>
+"""
+
 
 
 def regime_figure(channel: dict, obs: str):
@@ -216,6 +289,7 @@ figure{{margin:8px 0}} figcaption{{font-size:12px;color:#555}} .warn{{color:#ef6
 {regime_section(report)}
 <h2>Divergence and overlays</h2>
 {''.join(figs)}
+{_policy_html(report)}
 <h2>Episodes (worst first)</h2>
 <table><tr><th>id</th><th>name</th><th>verdict</th><th>score</th><th>divergence onset (step)</th><th>outside competence</th></tr>{ep_rows}</table>
 <h2>What a pass is worth (power)</h2>

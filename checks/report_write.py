@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmcheck.checks.report_html import divergence_figure, overlay_figures, regime_figure, render_html
+from wmcheck.checks.report_html import divergence_figure, overlay_figures, policy_return_figure, regime_figure, render_html
 from wmcheck.scripts.atomic import write_text_atomic
 
 
@@ -67,6 +67,20 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
     emb = report.get("_embedding")
     if emb is not None:
         w.add_embedding(np.asarray(emb["features"]), metadata=emb["labels"], tag="check/latent_states")
+    pol = report.get("policy")
+    if pol:
+        g, r, x = pol["gate"], pol["returns"], pol["exploitation"]
+        scalars = {"episodes": g["episodes"], "success_rate": g["success_rate"], "model_success_rate": pol["success"]["model_rate"],
+                   "gate_passed": float(g["passed"]), "return_simulator": r["simulator"]["mean"], "return_model": r["model"]["mean"],
+                   "return_difference": r["paired_difference_mean"], "return_p_value": r["p_value"],
+                   "inside_model_range": r["inside_model_range"], "exploitation_flag": float(x["flag"]),
+                   "exploitation_p_value": x["p_value"], "coverage": pol["coverage"]["fraction_in_support"],
+                   "visitation_p_value": pol["visitation"]["p_value"]}
+        for key, value in scalars.items():
+            if value is not None:
+                w.add_scalar(f"check/policy/{key}", float(value), 0)
+        if report.get("_policy_plots"):
+            w.add_figure("check/policy/returns_fig", policy_return_figure(report), 0)
     w.add_text("check/summary", s["message"], 0)
     w.close()
     return logdir

@@ -134,3 +134,26 @@ def block_mmd_test(x_blocks: list[np.ndarray], y_blocks: list[np.ndarray], rng: 
         b = np.concatenate([blocks[i] for i in perm[nx:]])
         count += mmd2_rbf(a, b, bandwidth) >= observed - 1e-12
     return observed, (1 + count) / (permutations + 1)
+
+
+def sign_flip_test(d: np.ndarray, rng: np.random.Generator | None = None, flips: int = 20000) -> float:
+    """One-sided p-value for "the paired differences d (one per episode) have a positive mean".
+
+    The null is a distribution of d symmetric about 0 or below it: the p-value is the share of random
+    sign flips whose mean is at least the observed one (Monte Carlo, exact in expectation) for fewer
+    than 30 pairs, otherwise the normal approximation of the mean (paired t statistic).
+    """
+    d = np.asarray(d, float)
+    n = len(d)
+    if n == 0 or not np.any(d):
+        return 1.0
+    observed = d.mean()
+    if n < 30:
+        rng = rng or np.random.default_rng(0)
+        signs = np.where(rng.random((flips, n)) < 0.5, -1.0, 1.0)
+        null = (signs * np.abs(d)).mean(1)
+        return float((1 + np.sum(null >= observed - 1e-12)) / (flips + 1))
+    se = d.std(ddof=1) / math.sqrt(n)
+    if se <= 0:
+        return 0.0 if observed > 0 else 1.0
+    return float(_norm_sf(observed / se))

@@ -15,6 +15,12 @@ Policies (`make_policy`):
 Box observations and actions are flattened to float32; Discrete actions are stored one-hot (K
 columns). Other spaces are refused with an error naming them.
 
+Success (`make_success`): a "module:callable" or callable `success(episode, final_info) -> bool`
+called on each recorded `Episode` and the last step's `info`; without one, the last `info`'s
+`is_success` (gymnasium's convention) or `success` key; otherwise unknown (None). The log format has
+no per-episode success field, so the recorder keeps it alongside, in memory: `Recorder.outcomes`
+maps episode id -> `Outcome`.
+
 Episode i is reset with seed `seed + i` (stored as the episode's seed); random policies are seeded
 the same way, so one episode can be reproduced on its own. `dt` comes from `env.unwrapped.dt`, else
 1 / metadata["render_fps"], else 1.0 with a warning.
@@ -35,6 +41,16 @@ from wmcheck.datasets.episode import Episode, LogMeta
 from wmcheck.scripts.errors import UserError
 
 PolicyFn = Callable[[np.ndarray], Any]
+SuccessFn = Callable[[Episode, dict], Any]
+SUCCESS_INFO_KEYS = ("is_success", "success")
+
+
+@dataclass
+class Outcome:
+    """Whether one recorded episode succeeded, and who said so."""
+
+    success: bool | None  # None: unknown (no callable, no success key in the env's info)
+    source: str | None  # "callable" | "info:is_success" | "info:success" | None
 
 
 def make_env(env_id: str, env_kwargs: dict | None = None):
@@ -187,6 +203,41 @@ def make_policy(spec: str | PolicyFn, env) -> PolicyFn:
     raise UserError(f"unknown policy {spec!r}", "use random, hold:K, module:callable or a TorchScript .pt file")
 
 
+def make_success(spec: str | SuccessFn | None) -> SuccessFn | None:
+    """A success rule from "module:callable" (or a callable); None means "read the env's info"."""
+    if spec is None or callable(spec):
+        return spec
+    if ":" not in spec:
+        raise UserError(f"unknown success rule {spec!r}", "give module:callable, a function (episode, final_info) -> bool")
+    mod_name, _, attr = spec.partition(":")
+    fn = _import_attr(mod_name, attr, "success", spec)
+    if not callable(fn):
+        raise UserError(f"{spec} is not callable", "point at a function (episode, final_info) -> bool")
+    return fn
+
+
+def episode_outcome(episode: Episode, final_info: dict, success: SuccessFn | None) -> Outcome:
+    """The episode's success from the rule, else from the env's last info, else unknown."""
+    if success is not None:
+        try:
+            value = success(episode, final_info)
+        except Exception as exc:  # a user callable: name it and the episode
+            raise UserError(f"the success rule failed on episode {episode.id}: {type(exc).__name__}: {exc}",
+                            "fix the success callable; it receives (episode, final_info)") from None
+        return Outcome(_as_bool(value, "the success rule"), "callable")
+    for key in SUCCESS_INFO_KEYS:
+        if key in (final_info or {}):
+            return Outcome(_as_bool(final_info[key], f"info[{key!r}]"), f"info:{key}")
+    return Outcome(None, None)
+
+
+def _as_bool(value, what: str) -> bool:
+    try:
+        return bool(np.asarray(value).reshape(-1)[0]) if np.ndim(value) else bool(value)
+    except (TypeError, ValueError, IndexError):
+        raise UserError(f"{what} returned {value!r}, not a truth value", "return True or False") from None
+
+
 def _import_attr(mod_name: str, attr: str, what: str, spec: str):
     try:
         module = importlib.import_module(mod_name)
@@ -205,7 +256,8 @@ class Recorder:
     """One environment and policy; `meta()` for the file, `episodes(n)` to record them one by one."""
 
     def __init__(self, env_id: str, policy: str | PolicyFn = "random", seed: int = 0,
-                 env_kwargs: dict | None = None, max_steps: int | None = None):
+                 env_kwargs: dict | None = None, max_steps: int | None = None,
+                 success: str | SuccessFn | None = None):
         if max_steps is not None and max_steps < 1:
             raise UserError(f"max_steps must be >= 1, got {max_steps}", "e.g. --max-steps 200")
         self.env_id = env_id
@@ -213,6 +265,8 @@ class Recorder:
         try:
             self.codec = SpaceCodec.for_env(self.env)
             self.policy = make_policy(policy, self.env)
+            self.success = make_success(success)
+            self.outcomes: dict[int, Outcome] = {}
             limit = self.env.spec.max_episode_steps if self.env.spec is not None else None
             if max_steps is None and limit is None:
                 raise UserError(f"{env_id} has no time limit, so episodes may never end",
@@ -240,10 +294,10 @@ class Recorder:
             self.policy.reset(seed)
         obs, _ = self.env.reset(seed=seed)
         observations, actions, rewards, terms, truncs = [self.codec.obs(obs)], [], [], [], []
-        t = 0
+        t, info = 0, {}
         while self.max_steps is None or t < self.max_steps:
             a, row = self.codec.action(self.policy(obs), self.env)
-            obs, r, term, trunc, _ = self.env.step(a)
+            obs, r, term, trunc, info = self.env.step(a)
             observations.append(self.codec.obs(obs))
             actions.append(row)
             rewards.append(float(r))
@@ -258,9 +312,11 @@ class Recorder:
             bad = int(np.argmax(~np.isfinite(obs_arr).all(axis=1)))
             raise UserError(f"{self.env_id} returned a non-finite observation at row {bad} of episode {ep_id}",
                             "the simulation diverged: lower --max-steps or check the environment")
-        return Episode(observations=obs_arr, actions=np.stack(actions),  # (N, A)
-                       rewards=np.asarray(rewards, np.float32), terminations=np.asarray(terms, bool),
-                       truncations=np.asarray(truncs, bool), id=ep_id, seed=seed)
+        episode = Episode(observations=obs_arr, actions=np.stack(actions),  # (N, A)
+                          rewards=np.asarray(rewards, np.float32), terminations=np.asarray(terms, bool),
+                          truncations=np.asarray(truncs, bool), id=ep_id, seed=seed)
+        self.outcomes[ep_id] = episode_outcome(episode, info, self.success)
+        return episode
 
     def close(self) -> None:
         self.env.close()
@@ -281,17 +337,21 @@ def record_episodes(env_id: str, policy: str | PolicyFn = "random", episodes: in
 
 def record_to_log(path, env_id: str, policy: str | PolicyFn = "random", episodes: int = 1,
                   max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None,
-                  source: str = "sim") -> tuple[LogMeta, int]:
-    """Record straight into a log file through LogWriter (atomic); returns (meta, total steps)."""
+                  source: str = "sim", success: str | SuccessFn | None = None,
+                  outcomes: dict[int, Outcome] | None = None) -> tuple[LogMeta, int]:
+    """Record straight into a log file through LogWriter (atomic); returns (meta, total steps).
+    Each episode's `Outcome` (success) is added to `outcomes` when a dict is given."""
     from wmcheck.datasets.logformat import LogWriter
 
     if episodes < 1:
         raise UserError(f"episodes must be >= 1, got {episodes}", "e.g. --episodes 10")
     steps = 0
-    with Recorder(env_id, policy, seed, env_kwargs, max_steps) as rec:
+    with Recorder(env_id, policy, seed, env_kwargs, max_steps, success) as rec:
         meta = rec.meta(source)
         with LogWriter(path, meta) as writer:
             for ep in rec.episodes(episodes):
                 writer.add(ep)
                 steps += ep.num_steps
+        if outcomes is not None:
+            outcomes.update(rec.outcomes)
     return meta, steps

@@ -20,13 +20,22 @@ def register(sub) -> None:
             "report.schema.json), report.html and a TensorBoard run (REPORTDIR/tb). Exit code: 0 pass, "
             "1 fail (divergent, or unverifiable unless --allow-unverifiable), 2 bad input."
         ),
-        epilog="gate file keys: alpha, score_alpha{score: p}, tolerances{gap: {...}}, allow_unverifiable, policy{min_episodes, min_success_rate}",
+        epilog="gate file keys: alpha, score_alpha{score: p}, tolerances{gap: {...}}, allow_unverifiable, "
+               "policy{min_episodes (default 1000), min_success_rate (default 0.85)}: a policy check with fewer "
+               "simulator episodes or a lower simulator success rate fails",
     )
     p.add_argument("run_dir", type=Path, metavar="RUNDIR", help="run directory with model.pt and calibration")
     p.add_argument("--rollouts", type=Path, metavar="SIM.h5", help="log of simulator rollouts / policy trajectories to check")
     p.add_argument("--env", help="gymnasium env id (or module:Class) to record rollouts from, with --policy")
-    p.add_argument("--policy", help="policy for --env: random, hold:K, module:callable or a TorchScript file")
-    p.add_argument("--episodes", type=int, default=20, help="episodes to record with --env (default 20)")
+    p.add_argument("--policy", help="policy for --env: random, hold:K, module:callable or a TorchScript file; a "
+                   "module:callable or TorchScript policy is also run closed loop inside the world model (policy check)")
+    p.add_argument("--success", metavar="MODULE:CALLABLE",
+                   help="success rule of a policy episode, called as f(episode, final_info) -> bool "
+                        "(default: the env's info['is_success'] or info['success'] at the last step)")
+    p.add_argument("--episodes", type=int, default=None,
+                   help="episodes to record with --env (default: the gate's policy.min_episodes for a policy, else 20)")
+    p.add_argument("--policy-samples", type=int, default=8, metavar="S",
+                   help="model rollouts per simulator episode in the policy check (default 8)")
     p.add_argument("--max-steps", type=int, default=None, help="step limit per recorded episode")
     p.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for --env")
     p.add_argument("--out", type=Path, required=True, metavar="REPORTDIR", help="folder for report.json, report.html, tb/")
@@ -38,30 +47,59 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from wmcheck.checks.check import run_check
     from wmcheck.checks.config import Gate
+    from wmcheck.checks.policy_check import PolicyRun, is_policy
     from wmcheck.checks.report_write import write_outputs
     from wmcheck.scripts.errors import UserError
 
     gate = Gate.load(args.gate) if args.gate else Gate()
     if args.allow_unverifiable:
         gate.allow_unverifiable = True
-    rollouts = args.rollouts
+    rollouts, policy_run = args.rollouts, None
+    if (args.policy or args.success) and not args.env:
+        raise UserError("--policy and --success need --env (the simulator to run the policy in)",
+                        "add --env ENV_ID, or check recorded rollouts with --rollouts alone")
+    if args.success and not (args.policy and is_policy(args.policy)):
+        raise UserError("--success applies to a policy check", "give --policy module:callable (or a TorchScript file)")
+    if args.policy_samples < 2:
+        raise UserError(f"--policy-samples must be >= 2, got {args.policy_samples}", "e.g. --policy-samples 8")
     if args.env:
         from wmcheck.datasets.record import record_to_log
 
         rollouts = args.out / "rollouts.h5"
-        kwargs = json.loads(args.env_kwargs) if args.env_kwargs else None
-        record_to_log(rollouts, args.env, args.policy or "random", episodes=args.episodes, max_steps=args.max_steps,
-                      seed=args.seed, env_kwargs=kwargs, source="policy" if args.policy else "sim")
+        kwargs = _env_kwargs(args.env_kwargs)
+        checking_policy = bool(args.policy) and is_policy(args.policy)
+        episodes = args.episodes if args.episodes is not None else (int(gate.policy["min_episodes"]) if checking_policy else 20)
+        outcomes: dict = {}
+        record_to_log(rollouts, args.env, args.policy or "random", episodes=episodes, max_steps=args.max_steps,
+                      seed=args.seed, env_kwargs=kwargs, source="policy" if args.policy else "sim",
+                      success=args.success, outcomes=outcomes)
+        if checking_policy:
+            policy_run = PolicyRun(args.env, args.policy, kwargs, args.success, outcomes, samples=args.policy_samples)
     if rollouts is None:
         raise UserError("nothing to check", "pass --rollouts SIM.h5, or --env ID [--policy P] to record rollouts")
-    report = run_check(args.run_dir, rollouts, gate, command="wmcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]), seed=args.seed)
+    report = run_check(args.run_dir, rollouts, gate, command="wmcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                       seed=args.seed, policy=policy_run)
     paths = write_outputs(report, args.out, tensorboard=not args.no_tensorboard)
     print(report["summary"]["message"])
     print(f"report: {paths['html']}\njson:   {paths['json']}")
     if "tensorboard" in paths:
         print(f"TensorBoard: tensorboard --logdir {paths['tensorboard']}")
     return int(report["exit_code"])
+
+
+def _env_kwargs(text: str | None) -> dict | None:
+    import json
+
+    from wmcheck.scripts.errors import UserError
+
+    if not text:
+        return None
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--env-kwargs is not valid JSON: {exc}", 'e.g. --env-kwargs \'{"g": 9.81}\'') from None
+    if not isinstance(kwargs, dict):
+        raise UserError(f"--env-kwargs must be a JSON object, got {text}", 'e.g. --env-kwargs \'{"g": 9.81}\'')
+    return kwargs

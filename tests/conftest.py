@@ -47,3 +47,47 @@ def record_pendulum(path, episodes: int = 12, steps: int = 200, hold: int = 5, s
 @pytest.fixture(scope="session")
 def pendulum_log(tmp_path_factory):
     return record_pendulum(tmp_path_factory.mktemp("logs") / "pendulum.h5")
+
+
+def light_check_config():
+    """Coarser search grids than the defaults keep each check to seconds on a CI CPU; they still
+    contain the sizes the tests inject (gain 0.5) and the identity."""
+    from wmcheck.checks.config import CheckConfig
+
+    return CheckConfig(gain_grid=(0.3, 0.5, 0.8, 1.0, 1.25, 2.0), offset_grid=(-0.5, 0.0, 0.5), deadband_grid=(0.0, 0.25),
+                       max_delay=3, bootstrap=200)
+
+
+def train_and_calibrate(tmp, real_log, steps: int):
+    """A `debug` world model trained on `real_log` for `steps` steps, calibrated with the light config."""
+    from wmcheck.checks.calibration import calibrate
+    from wmcheck.training.config import TrainConfig
+    from wmcheck.training.run import build_run_config, train
+
+    run = tmp / "run"
+    cfg = TrainConfig(preset="debug", max_steps=steps, seq_len=32, batch_size=32, lr=1e-3, warmup=100, val_every=steps,
+                      ckpt_every=steps, progress_bar=False, seed=0)
+    train(real_log, run, build_run_config(cfg))
+    calibrate(run, real_log, light_check_config(), verbose=False)
+    return run
+
+
+@pytest.fixture(scope="session")
+def check_trainer():
+    return train_and_calibrate
+
+
+@pytest.fixture(scope="session")
+def pendulum_checked(tmp_path_factory):
+    """The checks' "reality": Pendulum-v1 logs (40 episodes of 200 steps, hold:5 torques) and a debug
+    world model trained on them (2000 steps) and calibrated. Trained once per session, shared by the
+    check tests and the policy tests (training is the expensive part). Returns (run, meta, tmp)."""
+    from wmcheck.checks.reality import RealityProfile, record_reality
+    from wmcheck.datasets.episode import LogMeta
+    from wmcheck.datasets.logformat import write_log
+
+    tmp = tmp_path_factory.mktemp("pendulum")
+    eps = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=40, max_steps=200, seed=0)
+    meta = LogMeta(source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"])
+    write_log(tmp / "real.h5", eps, meta)
+    return train_and_calibrate(tmp, tmp / "real.h5", 2000), meta, tmp

@@ -16,43 +16,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wmcheck.checks.calibration import calibrate
 from wmcheck.checks.check import run_check
-from wmcheck.checks.config import CheckConfig, Gate
+from wmcheck.checks.config import Gate
 from wmcheck.checks.reality import RealityProfile, record_reality
 from wmcheck.checks.report_write import schema, write_outputs
 from wmcheck.datasets.episode import LogMeta
 from wmcheck.datasets.logformat import open_log, write_log
 from wmcheck.datasets.record import record_episodes
 from wmcheck.scripts.errors import UserError
-from wmcheck.training.config import TrainConfig
-from wmcheck.training.run import build_run_config, train
 
 pytestmark = pytest.mark.slow
 
 
-# Coarser search grids than the defaults keep each check to seconds on a CI CPU; they still contain
-# the sizes the tests inject (gain 0.5) and the identity.
-LIGHT = CheckConfig(gain_grid=(0.3, 0.5, 0.8, 1.0, 1.25, 2.0), offset_grid=(-0.5, 0.0, 0.5), deadband_grid=(0.0, 0.25),
-                    max_delay=3, bootstrap=200)
-
-
-def _train(tmp: Path, real_log: Path, steps: int) -> Path:
-    run = tmp / "run"
-    cfg = TrainConfig(preset="debug", max_steps=steps, seq_len=32, batch_size=32, lr=1e-3, warmup=100, val_every=steps,
-                      ckpt_every=steps, progress_bar=False, seed=0)
-    train(real_log, run, build_run_config(cfg))
-    calibrate(run, real_log, LIGHT, verbose=False)
-    return run
-
-
 @pytest.fixture(scope="module")
-def pendulum(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pendulum")
-    eps = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=40, max_steps=200, seed=0)
-    meta = LogMeta(source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"])
-    write_log(tmp / "real.h5", eps, meta)
-    return _train(tmp, tmp / "real.h5", 2000), meta, tmp
+def pendulum(pendulum_checked):
+    return pendulum_checked  # conftest: trained once per session, shared with the policy tests
 
 
 def _sim(tmp: Path, meta: LogMeta, name: str, profile: RealityProfile, policy="hold:5", seed=5000, env="Pendulum-v1") -> Path:
@@ -169,7 +147,7 @@ def _pump(obs):
     return np.array([1.0 if obs[1] >= 0 else -1.0], np.float32)
 
 
-def test_out_of_support_simulator_is_unverifiable(tmp_path):
+def test_out_of_support_simulator_is_unverifiable(tmp_path, check_trainer):
     # Reality: MountainCarContinuous under weak random commands stays in the valley; the checked
     # policy pumps energy and climbs to states no real log contains.
     rng = np.random.default_rng(0)
@@ -179,7 +157,7 @@ def test_out_of_support_simulator_is_unverifiable(tmp_path):
     write_log(tmp_path / "real.h5", eps, meta)
     with open_log(tmp_path / "real.h5") as log:
         real_max_x = max(float(e.observations[:, 0].max()) for e in log)
-    run = _train(tmp_path, tmp_path / "real.h5", 1500)
+    run = check_trainer(tmp_path, tmp_path / "real.h5", 1500)
     sim_eps = record_episodes("MountainCarContinuous-v0", _pump, episodes=8, max_steps=200, seed=100)
     assert max(float(e.observations[:, 0].max()) for e in sim_eps) > real_max_x + 0.2
     write_log(tmp_path / "sim.h5", sim_eps, LogMeta(**{**meta.__dict__, "source": "policy"}))

@@ -148,3 +148,48 @@ def test_errors(helpers, tmp_path, capsys):
     assert main(["record", "Pendulum-v1", "--out", str(out), "--env-kwargs", "{g: 1}"]) == 2
     assert "not valid JSON" in capsys.readouterr().err
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".bad")]
+
+
+def _swing_helpers(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    import policy_helpers
+
+    return policy_helpers
+
+
+def test_success_from_callable_from_info_or_unknown(tmp_path, monkeypatch):
+    ph = _swing_helpers(monkeypatch)
+    # a success rule given as module:callable, called on each recorded episode
+    with Recorder("Pendulum-v1", "policy_helpers:swing_up", seed=3, max_steps=200, success="policy_helpers:upright") as rec:
+        eps = list(rec.episodes(3))
+    assert [rec.outcomes[e.id].success for e in eps] == [ph.upright(e, {}) for e in eps]
+    assert {o.source for o in rec.outcomes.values()} == {"callable"}
+    assert any(o.success for o in rec.outcomes.values())
+    # a do-nothing policy never gets the pendulum up: the same rule says so
+    with Recorder("Pendulum-v1", lambda obs: np.zeros(1, np.float32), seed=3, max_steps=200, success=ph.upright) as rec:
+        list(rec.episodes(2))
+    assert [o.success for o in rec.outcomes.values()] == [False, False]
+    # no rule: the env's info["is_success"] at the last step
+    outcomes = {}
+    record_to_log(tmp_path / "p.h5", "policy_helpers:UprightPendulum", "policy_helpers:swing_up", episodes=3,
+                  max_steps=200, seed=3, outcomes=outcomes)
+    assert [outcomes[i].success for i in range(3)] == [ph.upright(e, {}) for e in eps]
+    assert {o.source for o in outcomes.values()} == {"info:is_success"}
+    assert validate_log(tmp_path / "p.h5").ok  # the log format is untouched
+    # neither: unknown, never a guess
+    with Recorder("Pendulum-v1", "random", max_steps=5) as rec:
+        list(rec.episodes(1))
+    assert rec.outcomes[0].success is None and rec.outcomes[0].source is None
+
+
+def test_success_rule_errors(monkeypatch):
+    _swing_helpers(monkeypatch)
+    with pytest.raises(UserError, match="success rule"):
+        Recorder("Pendulum-v1", "random", max_steps=5, success="nocolon")
+    with pytest.raises(UserError, match="no 'nothere'"):
+        Recorder("Pendulum-v1", "random", max_steps=5, success="policy_helpers:nothere")
+    with Recorder("Pendulum-v1", "random", max_steps=5, success=lambda ep, info: info["missing"]) as rec:
+        with pytest.raises(UserError, match="success rule failed on episode 0"):
+            rec.episode(0)
