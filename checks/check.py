@@ -29,6 +29,7 @@ from wmcheck.checks.config import COMPETENCE, SCORES, Gate
 from wmcheck.checks.scoring import latent_features, score_blocks
 from wmcheck.checks.stats import block_mmd_test, conformal_p, mann_whitney_greater, rank_auc
 from wmcheck.checks.transforms import actuator, shift_actions
+from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.scripts.errors import UserError
@@ -41,7 +42,8 @@ NEXT_STEPS = {
     "sensor_noise": "match the simulated sensor model to the real residuals: noise level, bias, drift; re-check",
     "dynamics": "revisit the simulator's physics (friction, damping, mass, contact) on the channels and horizons listed; system-identify them from the real logs",
     "distribution": "collect real logs in the states the checked episodes visit, or restrict the task / initial-state distribution to what the logs cover",
-    "visual": "image observations are not part of this check yet",
+    "visual": "match the simulator's rendering to the camera (lighting, exposure, colour, textures, blur, noise) as the "
+              "photometric statistics say, or widen visual domain randomisation over them; re-check",
 }
 
 
@@ -65,7 +67,7 @@ def _read_checked(path: Path, channels: dict):
 
 
 def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = None, command: str | None = None,
-              seed: int = 0) -> dict:
+              seed: int = 0, clip_model: str | Path | None = None) -> dict:
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     gate = gate or Gate()
@@ -77,6 +79,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     alpha = float(gate.alpha or cfg.alpha)
     model, norm = bundle.model, Normalizer.from_dict(bundle.normalizer)
     meta, episodes = _read_checked(Path(rollouts), bundle.channels)
+    require_frames(model, episodes, rollouts)
     try:
         blocks = make_blocks(episodes, norm, cfg.context, cfg.horizon)
     except ValueError as exc:
@@ -146,6 +149,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
 
     # ---- attribution on competent blocks
     gaps, top_gap, confounded = _attribute(model, norm, cal, sc, checked_eps, blocks, comp_idx, alpha, gate, meta, rng, seed)
+    gaps["visual"] = _visual(model, run_dir, checked_eps, alpha, clip_model)
 
     # ---- distribution
     mmd, p_mmd = block_mmd_test(list(block_states(blocks)), list(cal.real_states), rng)
@@ -166,7 +170,10 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     # ---- verdict
     n_div = sum(e["verdict"] == "divergent" for e in ep_entries)
     n_unv = sum(e["verdict"] == "unverifiable" for e in ep_entries)
-    failing = n_div > 0 or pooled_reject
+    visual_present = gaps["visual"]["verdict"] == "present"
+    if top_gap == "none" and not confounded and visual_present:
+        top_gap = "visual"
+    failing = n_div > 0 or pooled_reject or visual_present
     tolerated = failing and _all_tolerated(gaps)
     if failing and not tolerated:
         verdict = "fail"
@@ -214,8 +221,19 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         },
         "_plots": _plot_data(sc, blocks, comp_idx, norm, bundle.channels, cfg),
         "_embedding": _embedding(model, blocks, cal, rng),
+        "_video": checked_video(model, blocks, np.argsort(-sc.divergence)[:6], cfg.context),
     }
     return report
+
+
+def _visual(model, run_dir, episodes, alpha, clip_model) -> dict:
+    """The visual gap row (checks/visual.py); CLIP distances when --clip-model points at local weights."""
+    clip = None
+    if clip_model is not None:
+        from wmcheck.checks.clip_embedding import ClipEmbedder
+
+        clip = ClipEmbedder.load(clip_model)
+    return visual_gap(model, VisualCalibration.load(run_dir), episodes, alpha, clip)
 
 
 def _embedding(model, blocks, cal, rng, per_side: int = 500) -> dict:
@@ -387,7 +405,10 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
             parts.append("This pass would have caught: " + (", ".join(worth) or "none of the injected gap sizes") + "."
                          + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else ""))
     elif verdict == "fail":
-        parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
+        if n_div == 0 and gaps["visual"]["verdict"] == "present":
+            parts.append("FAIL: the checked camera frames differ from the real camera's (visual gap).")
+        else:
+            parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
     else:
         parts.append(f"UNVERIFIABLE: {n_unv} of {n_ep} episode(s) visit states where the model is not competent; this is not a pass.")
     if top != "none":

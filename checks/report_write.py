@@ -55,6 +55,10 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
     emb = report.get("_embedding")
     if emb is not None:
         w.add_embedding(np.asarray(emb["features"]), metadata=emb["labels"], tag="check/latent_states")
+    for key, frames in (report.get("_video") or {}).items():  # camera models: worst blocks, true / pred / error
+        from wmcheck.training.openloop_video import log_video
+
+        log_video(w, f"check/openloop_video/{key}", frames, 0)
     w.add_text("check/summary", s["message"], 0)
     w.close()
     return logdir

@@ -18,7 +18,8 @@ columns). Other spaces are refused with an error naming them.
 Camera frames (`render=(W, H)`): the env is made with render_mode="rgb_array" (and width/height where
 it takes them, as MuJoCo envs do), `env.render()` is called after the reset and after every step, and
 each frame is resized to H x W (area averaging) and stored as uint8 in the observation group
-"image" (N+1, H, W, C). MUJOCO_GL defaults to "egl" (headless rendering) when it is unset.
+"image" (N+1, H, W, C). MUJOCO_GL defaults to "egl" (headless rendering) when it is unset. The
+camera is set up by one render after a seed-0 reset, before the first episode (see `Recorder`).
 
 Episode i is reset with seed `seed + i` (stored as the episode's seed); random policies are seeded
 the same way, so one episode can be reproduced on its own. `dt` comes from `env.unwrapped.dt`, else
@@ -281,6 +282,13 @@ class Recorder:
                                 "give --max-steps M")
             self.seed, self.max_steps = int(seed), max_steps
             self.dt, self.dt_warning = env_dt(self.env)
+            if self.render:
+                # Renderers may set their camera up from the first rendered state (gymnasium's MuJoCo
+                # viewer aims its free camera at the median geom position then): render once from the
+                # seed-0 reset, so every recording of this env sees through the same camera whatever
+                # its first episode's seed. Episodes reseed at their own reset, so nothing else changes.
+                self.env.reset(seed=0)
+                self._frame()
         except BaseException:
             self.env.close()
             raise

@@ -5,33 +5,15 @@ from __future__ import annotations
 import io
 
 import numpy as np
-import pytest
+import pytest  # noqa: F401  (fixtures from conftest)
 
 from wmcheck.training.checkpoint import load_model
-from wmcheck.training.config import TrainConfig
 from wmcheck.training.openloop_video import video_grid
-from wmcheck.training.run import build_run_config, train
 
 
 @pytest.fixture(scope="module")
-def pixel_log(tmp_path_factory):
-    from wmcheck.datasets.logformat import write_log
-    from wmcheck.datasets.record import Recorder
-
-    path = tmp_path_factory.mktemp("pixels") / "reacher.h5"
-    with Recorder("Reacher-v5", "hold:3", seed=0, max_steps=40, render=(16, 16)) as rec:
-        meta = rec.meta("real")
-        write_log(path, rec.episodes(10), meta)
-    return path
-
-
-@pytest.fixture(scope="module")
-def trained(pixel_log, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run")
-    cfg = TrainConfig(preset="debug", max_steps=150, batch_size=8, seq_len=16, lr=1e-3, warmup=20,
-                      val_every=150, ckpt_every=150, log_every=5, progress_bar=False, seed=0,
-                      openloop_context=5, openloop_horizons=(1, 4, 10), openloop_windows=4)
-    return train(pixel_log, out, build_run_config(cfg))
+def trained(reacher_pixel_run):
+    return reacher_pixel_run
 
 
 def test_image_loss_falls_and_video_is_logged(trained):
