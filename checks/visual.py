@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from math import comb
 from pathlib import Path
 
 import numpy as np
@@ -257,6 +258,12 @@ def visual_gap(model, cal: VisualCalibration | None, episodes, alpha: float, cli
         explanation += (f"; CLIP mean cosine distance {c['mean_cosine_distance']:.3f} (held-out real "
                         f"{c['real_mean_cosine_distance']:.3f}): {c['practice']}")
     verdict = "present" if evidence >= 1.0 else "absent"
+    floor = 1.0 / comb(len(scores) + len(cal.null), len(cal.null))  # smallest p the rank test can give
+    estimate["smallest_attainable_p"] = float(f"{floor:.4g}")
+    if floor >= alpha:  # it could not have failed: say so instead of calling the gap absent
+        verdict = "not_checked"
+        explanation = (f"too few segments to test at alpha {alpha:g} ({len(scores)} checked, {len(cal.null)} held-out real: "
+                       f"the smallest attainable p is {floor:.3g}); check more episodes or hold out more real ones. " + explanation)
     return {"verdict": verdict, "evidence": round(float(evidence), 3), "estimate": estimate, "ci": None,
             "explanation": explanation}
 

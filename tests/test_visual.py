@@ -153,3 +153,14 @@ def test_check_report_has_the_visual_row(reacher_pixel_run, sims, tmp_path):
     ea = EventAccumulator(str(tmp_path / "rep" / "tb"), size_guidance={"images": 0})
     ea.Reload()
     assert "check/openloop_video/image" in ea.Tags()["images"]
+
+
+def test_too_few_segments_is_not_a_pass(reacher_pixel_run, sims):
+    """With one checked episode against few real ones the rank test cannot reach alpha: the row says
+    so (not_checked) instead of reporting the gap absent, even for a strongly shifted simulator."""
+    model = load_model(reacher_pixel_run.run_dir).model
+    cal = VisualCalibration.load(reacher_pixel_run.run_dir)
+    _, bright = sims
+    row = visual_gap(model, cal, _episodes(bright)[:1], alpha=0.001)
+    assert row["verdict"] == "not_checked" and "smallest attainable p" in row["explanation"]
+    assert row["estimate"]["distance_ratio"] > 1.5
