@@ -10,7 +10,8 @@ Owns the verdict logic (see product.md):
   - an episode is `divergent` when, on its competent blocks, any score (open-loop divergence,
     one-step NLL, KL surprise) is significantly above real ones at alpha / (2 * 3 * episodes);
   - the run additionally gets a pooled test over all competent blocks at alpha / (2 * 3).
-  The union bound keeps the false-alarm rate of a faithful run at or below alpha.
+  The union bound keeps the false-alarm rate of a faithful run at or below alpha; a model with
+  cameras adds the visual test (checks/visual.py) at alpha, so its bound is 2 alpha.
 Then attribution (attribution.py), the distribution test, the power table, and the report.
 """
 from __future__ import annotations
@@ -149,7 +150,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
 
     # ---- attribution on competent blocks
     gaps, top_gap, confounded = _attribute(model, norm, cal, sc, checked_eps, blocks, comp_idx, alpha, gate, meta, rng, seed)
-    gaps["visual"] = _visual(model, run_dir, checked_eps, alpha, clip_model)
+    gaps["visual"] = _visual(model, run_dir, checked_eps, alpha, clip_model, gate.tolerances.get("visual"))
 
     # ---- distribution
     mmd, p_mmd = block_mmd_test(list(block_states(blocks)), list(cal.real_states), rng)
@@ -226,14 +227,16 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     return report
 
 
-def _visual(model, run_dir, episodes, alpha, clip_model) -> dict:
-    """The visual gap row (checks/visual.py); CLIP distances when --clip-model points at local weights."""
+def _visual(model, run_dir, episodes, alpha, clip_model, tolerance) -> dict:
+    """The visual gap row (checks/visual.py); CLIP distances when --clip-model points at local weights.
+    It is tested at alpha on its own: for a model with cameras the false-alarm bound of a faithful
+    simulator is alpha (the dynamics-family tests above) plus alpha (the visual test)."""
     clip = None
     if clip_model is not None:
         from wmcheck.checks.clip_embedding import ClipEmbedder
 
         clip = ClipEmbedder.load(clip_model)
-    return visual_gap(model, VisualCalibration.load(run_dir), episodes, alpha, clip)
+    return visual_gap(model, VisualCalibration.load(run_dir), episodes, alpha, clip, tolerance)
 
 
 def _embedding(model, blocks, cal, rng, per_side: int = 500) -> dict:

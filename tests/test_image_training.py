@@ -53,3 +53,19 @@ def test_video_grid_rows_and_borders():
     cell = lambda t, r, b: grid[t, r * (H + 2) + 1 : r * (H + 2) + 1 + H, b * (W + 2) + 1 : b * (W + 2) + 1 + W]  # noqa: E731
     assert (cell(3, 0, 1) == 100).all() and (cell(3, 1, 1) == 140).all()  # true / predicted rows
     assert (cell(3, 2, 1) == (140 - 100 + 255) // 2).all() and (cell(3, 2, 0) == 127).all()  # error row
+
+
+def test_datamodule_streams_frames_and_no_images_ignores_them(reacher_pixel_log):
+    from wmcheck.training.config import TrainConfig
+    from wmcheck.training.datamodule import LogDataModule
+
+    cfg = TrainConfig(batch_size=3, seq_len=7, val_fraction=0.25)
+    dm = LogDataModule(reacher_pixel_log, cfg)
+    dm.prepare()
+    assert dm.image_spec == {"image_keys": ["image"], "image_key_channels": [3], "image_shape": [16, 16, 3]}
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.images["image"].shape == (3, 7, 16, 16, 3) and batch.obs.shape[:2] == (3, 7)
+    assert dm._train_sampler._stream.images == {}  # frames stay in the file
+    off = LogDataModule(reacher_pixel_log, TrainConfig(batch_size=3, seq_len=7, val_fraction=0.25, images=False))
+    off.prepare()
+    assert off.image_spec == {} and off.channels["image_keys"] == []

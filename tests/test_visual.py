@@ -164,3 +164,17 @@ def test_too_few_segments_is_not_a_pass(reacher_pixel_run, sims):
     row = visual_gap(model, cal, _episodes(bright)[:1], alpha=0.001)
     assert row["verdict"] == "not_checked" and "smallest attainable p" in row["explanation"]
     assert row["estimate"]["distance_ratio"] > 1.5
+
+
+def test_gate_tolerance_turns_a_small_visual_gap_amber(reacher_pixel_run, sims):
+    model = load_model(reacher_pixel_run.run_dir).model
+    cal = VisualCalibration.load(reacher_pixel_run.run_dir)
+    _, bright = sims
+    eps = _episodes(bright)
+    strict = visual_gap(model, cal, eps, alpha=0.05, tolerance={"max_distance_ratio": 1.01})
+    loose = visual_gap(model, cal, eps, alpha=0.05, tolerance={"max_distance_ratio": 1e6})
+    assert strict["verdict"] == "present" and loose["verdict"] == "tolerated"
+    from wmcheck.scripts.errors import UserError
+
+    with pytest.raises(UserError, match="max_distance_ratio"):
+        visual_gap(model, cal, eps, alpha=0.05, tolerance={"max_ratio": 2})
