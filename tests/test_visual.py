@@ -53,7 +53,8 @@ def test_visual_calibration_is_stored(reacher_pixel_run):
     assert cal.frames["image"].dtype == np.uint8 and cal.frames["image"].shape[1:] == (16, 16, 3)
     assert cal.reference["image"].shape[1:] == (16, 16, 3) and len(cal.reference["image"]) > len(cal.frames["image"])
     assert len(np.unique(cal.episode)) >= 5 and len(cal.null) == len(np.unique(cal.episode))  # short episodes: one segment each
-    assert (cal.frame_set > 0).all() and (cal.frame_step >= cal.frame_set).all()
+    # a 16x16 frame can repeat one of the reference exactly (distance 0), but not typically
+    assert np.median(cal.frame_set) > 0 and (cal.frame_step >= cal.frame_set).all()
 
 
 def test_brightness_shift_is_separated_from_a_faithful_sim(reacher_pixel_run, sims):
