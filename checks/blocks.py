@@ -60,7 +60,7 @@ def make_blocks(episodes: list[Episode], normalizer: Normalizer, context: int, h
     """
     L = context + horizon
     stride = stride or L
-    parts, eps, starts, skipped = [], [], [], {}
+    parts, frames, eps, starts, skipped = [], [], [], [], {}
     for ep in episodes:
         s = episode_steps(ep, normalizer)
         n = len(s)
@@ -69,6 +69,7 @@ def make_blocks(episodes: list[Episode], normalizer: Normalizer, context: int, h
             continue
         for st in range(0, n - L + 1, stride):
             parts.append({f: getattr(s, f)[st : st + L] for f in BATCH_FIELDS})
+            frames.append({k: v[st : st + L] for k, v in s.images.items()})  # camera frames, if any
             eps.append(ep.id)
             starts.append(st)
     if not parts:
@@ -79,7 +80,8 @@ def make_blocks(episodes: list[Episode], normalizer: Normalizer, context: int, h
     arrays["prev_action"][forced, 0] = 0.0
     arrays["prev_input"][forced, 0] = 0.0
     arrays["reward"][forced, 0] = 0.0
-    return Blocks(Batch(**arrays), np.asarray(eps), np.asarray(starts), context, skipped)
+    images = {k: np.stack([f[k] for f in frames]) for k in frames[0]}  # {key: (n, L, H, W, C)}
+    return Blocks(Batch(**arrays, images=images), np.asarray(eps), np.asarray(starts), context, skipped)
 
 
 def block_states(blocks: Blocks, k: int = 8) -> np.ndarray:

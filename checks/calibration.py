@@ -233,6 +233,11 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
                            "hold out more real episodes for sharper checks")
     cal = Calibration(cfg, info, real, real_search, block_states(blocks), ref, scale, power, block_controls(blocks))
     cal.save(run_dir)
+    if model.cfg.image_keys:  # the visual gap's real-vs-real null (checks/visual.py)
+        from wmcheck.checks.visual import calibrate_visual
+
+        say("  visual: real-vs-real frame distances in the world model's image embedding")
+        calibrate_visual(model, held, train_eps).save(run_dir)
     say(f"  calibration written to {run_dir / 'calibration.json'} ({info['seconds']} s)")
     return cal
 

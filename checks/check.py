@@ -10,7 +10,8 @@ Owns the verdict logic (see product.md):
   - an episode is `divergent` when, on its competent blocks, any score (open-loop divergence,
     one-step NLL, KL surprise) is significantly above real ones at alpha / (2 * 3 * episodes);
   - the run additionally gets a pooled test over all competent blocks at alpha / (2 * 3).
-  The union bound keeps the false-alarm rate of a faithful run at or below alpha.
+  The union bound keeps the false-alarm rate of a faithful run at or below alpha; a model with
+  cameras adds the visual test (checks/visual.py) at alpha, so its bound is 2 alpha.
 Then attribution (attribution.py), the distribution test, the power table, and the report.
 With a policy (`PolicyRun`), the closed-loop policy check and its gate (policy_check.py) add the
 report's `policy` section; a failed policy gate fails the check.
@@ -33,6 +34,7 @@ from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import latent_features, score_blocks
 from wmcheck.checks.stats import block_mmd_test, conformal_p, mann_whitney_greater, rank_auc
 from wmcheck.checks.transforms import actuator, shift_actions
+from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.scripts.errors import UserError
@@ -45,7 +47,8 @@ NEXT_STEPS = {
     "sensor_noise": "match the simulated sensor model to the real residuals: noise level, bias, drift; re-check",
     "dynamics": "revisit the simulator's physics (friction, damping, mass, contact) on the channels and horizons listed; system-identify them from the real logs",
     "distribution": "collect real logs in the states the checked episodes visit, or restrict the task / initial-state distribution to what the logs cover",
-    "visual": "image observations are not part of this check yet",
+    "visual": "match the simulator's rendering to the camera (lighting, exposure, colour, textures, blur, noise) as the "
+              "photometric statistics say, or widen visual domain randomisation over them; re-check",
 }
 
 
@@ -69,9 +72,10 @@ def _read_checked(path: Path, channels: dict):
 
 
 def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = None, command: str | None = None,
-              seed: int = 0, policy: PolicyRun | None = None) -> dict:
+              seed: int = 0, policy: PolicyRun | None = None, clip_model: str | Path | None = None) -> dict:
     """Check the rollouts in `rollouts` against the model in `run_dir`; with `policy` (the policy and
-    env that recorded them), also the closed-loop policy check."""
+    env that recorded them), also the closed-loop policy check; with `clip_model` (local CLIP
+    weights), also CLIP image-embedding distances for camera logs."""
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     gate = gate or Gate()
@@ -83,6 +87,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     alpha = float(gate.alpha or cfg.alpha)
     model, norm = bundle.model, Normalizer.from_dict(bundle.normalizer)
     meta, episodes = _read_checked(Path(rollouts), bundle.channels)
+    require_frames(model, episodes, rollouts)
     try:
         blocks = make_blocks(episodes, norm, cfg.context, cfg.horizon)
     except ValueError as exc:
@@ -154,6 +159,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
 
     # ---- attribution on competent blocks
     gaps, top_gap, confounded = _attribute(model, norm, cal, sc, checked_eps, blocks, comp_idx, alpha, gate, meta, rng, seed)
+    gaps["visual"] = _visual(model, run_dir, checked_eps, alpha, clip_model, gate.tolerances.get("visual"))
 
     # ---- distribution
     mmd, p_mmd = block_mmd_test(list(block_states(blocks)), list(cal.real_states), rng)
@@ -174,7 +180,10 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     # ---- verdict
     n_div = sum(e["verdict"] == "divergent" for e in ep_entries)
     n_unv = sum(e["verdict"] == "unverifiable" for e in ep_entries)
-    failing = n_div > 0 or pooled_reject
+    visual_present = gaps["visual"]["verdict"] == "present"
+    if top_gap == "none" and not confounded and visual_present:
+        top_gap = "visual"
+    failing = n_div > 0 or pooled_reject or visual_present
     tolerated = failing and _all_tolerated(gaps)
     if failing and not tolerated:
         verdict = "fail"
@@ -236,8 +245,21 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         "_policy_plots": None if pol is None else pol["_plots"],
         "_plots": _plot_data(sc, blocks, comp_idx, norm, bundle.channels, cfg),
         "_embedding": _embedding(model, blocks, cal, rng),
+        "_video": checked_video(model, blocks, np.argsort(-sc.divergence)[:6], cfg.context),
     }
     return report
+
+
+def _visual(model, run_dir, episodes, alpha, clip_model, tolerance) -> dict:
+    """The visual gap row (checks/visual.py); CLIP distances when --clip-model points at local weights.
+    It is tested at alpha on its own: for a model with cameras the false-alarm bound of a faithful
+    simulator is alpha (the dynamics-family tests above) plus alpha (the visual test)."""
+    clip = None
+    if clip_model is not None:
+        from wmcheck.checks.clip_embedding import ClipEmbedder
+
+        clip = ClipEmbedder.load(clip_model)
+    return visual_gap(model, VisualCalibration.load(run_dir), episodes, alpha, clip, tolerance)
 
 
 def _embedding(model, blocks, cal, rng, per_side: int = 500) -> dict:
@@ -435,6 +457,8 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
                          + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else ""))
     elif verdict == "fail" and n_div > 0:
         parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
+    elif verdict == "fail" and gaps["visual"]["verdict"] == "present":
+        parts.append("FAIL: the checked camera frames differ from the real camera's (visual gap).")
     elif verdict == "fail":
         parts.append("FAIL: the pooled test over all blocks finds the checked episodes worse than reality.")
     else:

@@ -75,7 +75,8 @@ class Gate:
     score_alpha:        {score: alpha} per score (divergence, nll, kl, support, disagreement)
     tolerances:         per gap, how big a gap may be and still pass (amber, not red):
                         latency: {max_steps}, actuator: {max_gain_error, max_offset}, sensor_noise:
-                        {max_ratio, max_bias}, distribution: {min_coverage}
+                        {max_ratio, max_bias}, distribution: {min_coverage}, visual:
+                        {max_distance_ratio, max_clip_distance}
     allow_unverifiable: let unverifiable episodes pass (exit 0) — the report still says so
     policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`):
                         a policy check with fewer simulator episodes or a lower simulator success

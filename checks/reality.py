@@ -7,14 +7,14 @@ in `wmcheck.checks.reality_wrappers`.
 
 Wrapper order (inside out), as in a real control loop:
 
-    base env <- PhysicsGap <- ActuatorGap <- ActionLatency <- SensorGap <- policy
-                  dynamics     command->effect   transport delay   observation path
+    base env <- PhysicsGap <- ActuatorGap <- ActionLatency <- SensorGap <- VisualGap <- policy
+                  dynamics     command->effect   transport delay   observation path  camera frames
 
 A command waits `latency_steps` in the FIFO, then the actuator transforms it (so the neutral fill
 also feels the actuator's offset, as a real actuator would), then the modified physics integrates
-it; the sensors corrupt what comes back. All four wrappers are always applied (identity where the
-profile has no such gap), so `info["reality"]` at reset always has the keys "physics", "actuator",
-"latency" and "sensor".
+it; the sensors corrupt what comes back, and the camera's frames (`render()`) differ in appearance.
+All five wrappers are always applied (identity where the profile has no such gap), so
+`info["reality"]` at reset always has the keys "physics", "actuator", "latency", "sensor" and "visual".
 
 Recording: `record_reality(...)` in memory, or any recorder through a "module:callable" env id,
 which `wmcheck.datasets.record.make_env` accepts; from the CLI:
@@ -30,7 +30,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmcheck.checks.reality_wrappers import ActionLatency, ActuatorGap, PhysicsGap, SensorGap, _jsonable
+from wmcheck.checks.reality_wrappers import ActionLatency, ActuatorGap, PhysicsGap, SensorGap, VisualGap, _jsonable
 from wmcheck.datasets.record import make_env, record_episodes
 from wmcheck.scripts.errors import UserError
 
@@ -62,6 +62,14 @@ class RealityProfile:
     """Drift per step, reset each episode: a ramp's slope, or a random walk's increment std."""
     sensor_drift_mode: str = "ramp"
     """"ramp" (deterministic, drift * t) or "walk" (Gaussian random walk)."""
+    visual_brightness: float | None = None
+    """Rendered frames x this factor (1 = none); frames only, states untouched (`VisualGap`)."""
+    visual_colour: Channels = None
+    """Per-colour-channel gain of rendered frames, e.g. [1.2, 1.0, 0.8]."""
+    visual_blur: float | None = None
+    """Gaussian blur of rendered frames, sigma in pixels."""
+    visual_noise_std: float | None = None
+    """White Gaussian pixel noise of rendered frames, in grey levels (0-255)."""
     physics: dict = field(default_factory=dict)
     """Physical parameter changes, `PhysicsGap` kwargs: {"m": 1.2, "dof_damping": {"scale": 1.5}}."""
     seed: int | None = 0
@@ -85,7 +93,9 @@ class RealityProfile:
             setattr(self, f.name, _jsonable(getattr(self, f.name)))
         for name, ok, rule in (("actuator_deadband", lambda x: x >= 0, ">= 0"),
                                ("actuator_saturation", lambda x: x > 0, "> 0"),
-                               ("sensor_noise_std", lambda x: x >= 0, ">= 0")):
+                               ("sensor_noise_std", lambda x: x >= 0, ">= 0"),
+                               ("visual_brightness", lambda x: x >= 0, ">= 0"), ("visual_colour", lambda x: x >= 0, ">= 0"),
+                               ("visual_blur", lambda x: x >= 0, ">= 0"), ("visual_noise_std", lambda x: x >= 0, ">= 0")):
             v = getattr(self, name)
             if v is not None and not all(ok(x) for x in (v if isinstance(v, list) else [v])):
                 raise UserError(f"{name} must be {rule}, got {v!r}", f"give {name} as magnitudes {rule}")
@@ -128,6 +138,10 @@ class RealityProfile:
             sen.append(f"drift {_fmt(self.sensor_drift)}/step ({self.sensor_drift_mode})")
         if sen:
             parts.append("sensor " + ", ".join(sen))
+        vis = [f"{k} {_fmt(v)}" for k, v in (("brightness", self.visual_brightness), ("colour", self.visual_colour),
+               ("blur", self.visual_blur), ("noise std", self.visual_noise_std)) if v is not None]
+        if vis:
+            parts.append("visual " + ", ".join(vis))
         if self.physics:
             phys = [f"{k} x{_fmt(c['scale'])}" if isinstance(c, dict) and "scale" in c
                     else f"{k}={_fmt(c['value'] if isinstance(c, dict) else c)}" for k, c in self.physics.items()]
@@ -141,8 +155,12 @@ def _fmt(v) -> str:
     return f"{v:g}" if isinstance(v, (int, float)) else str(v)
 
 
-def make_reality_env(env_id: str, profile: RealityProfile | dict | None = None, env_kwargs: dict | None = None):
-    """The env `env_id` (registered id or "module:Class") with the profile's gaps (see module docstring)."""
+def make_reality_env(env_id: str, profile: RealityProfile | dict | None = None, env_kwargs: dict | None = None,
+                     **render_kwargs):
+    """The env `env_id` (registered id or "module:Class") with the profile's gaps (see module docstring).
+
+    render_kwargs (render_mode, width, height) go to the base env, so recorders can store frames."""
+    env_kwargs = {**render_kwargs, **(env_kwargs or {})}
     if profile is None:
         profile = RealityProfile()
     elif isinstance(profile, dict):
@@ -153,8 +171,9 @@ def make_reality_env(env_id: str, profile: RealityProfile | dict | None = None, 
         env = PhysicsGap(env, **p.physics)
         env = ActuatorGap(env, p.actuator_gain, p.actuator_offset, p.actuator_deadband, p.actuator_saturation)
         env = ActionLatency(env, p.latency_steps)
-        return SensorGap(env, p.sensor_bias, p.sensor_noise_std, p.sensor_drift, seed=p.seed,
-                         drift=p.sensor_drift_mode)
+        env = SensorGap(env, p.sensor_bias, p.sensor_noise_std, p.sensor_drift, seed=p.seed,
+                        drift=p.sensor_drift_mode)
+        return VisualGap(env, p.visual_brightness, p.visual_colour, p.visual_blur, p.visual_noise_std, seed=p.seed)
     except BaseException:
         env.close()
         raise
@@ -169,14 +188,16 @@ def reality_env_args(env_id: str, profile: RealityProfile | dict, env_kwargs: di
 
 
 def record_reality(env_id: str, profile: RealityProfile | dict, policy="random", episodes: int = 1,
-                   max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None):
-    """`record_episodes` from the reality (same seeding: episode i resets with seed + i)."""
+                   max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None,
+                   render: tuple[int, int] | None = None):
+    """`record_episodes` from the reality (same seeding: episode i resets with seed + i); render=(W, H)
+    stores its camera frames (visual gaps included)."""
     rid, kw = reality_env_args(env_id, profile, env_kwargs)
-    return record_episodes(rid, policy, episodes, max_steps, seed, kw)
+    return record_episodes(rid, policy, episodes, max_steps, seed, kw, render=render)
 
 
 GAP_KINDS = ("latency", "actuator_gain", "actuator_offset", "actuator_deadband", "sensor_noise", "sensor_bias",
-             "sensor_drift", "dynamics")
+             "sensor_drift", "dynamics", "visual_brightness", "visual_blur", "visual_noise")
 
 
 def single_gap_profiles(kind: str, severities, parameter: str | None = None, seed: int = 0) -> list[RealityProfile]:
@@ -185,8 +206,9 @@ def single_gap_profiles(kind: str, severities, parameter: str | None = None, see
     latency: steps (a whole number); actuator_gain: gain 1 + s; actuator_offset: offset s;
     actuator_deadband: deadband s; sensor_noise: noise std s; sensor_bias: bias s; sensor_drift:
     ramp slope s per step; dynamics: the physical parameter `parameter` scaled by 1 + s (e.g.
-    parameter="m" on Pendulum, "dof_damping" on MuJoCo). Amounts are in raw action / observation units,
-    the same on every channel.
+    parameter="m" on Pendulum, "dof_damping" on MuJoCo); visual_brightness: frames x (1 + s);
+    visual_blur: blur sigma s pixels; visual_noise: pixel noise std s grey levels. Amounts are in raw
+    action / observation units, the same on every channel.
     """
     if kind not in GAP_KINDS:
         raise UserError(f"unknown gap kind {kind!r}", f"use one of: {', '.join(GAP_KINDS)}")
@@ -207,8 +229,9 @@ def single_gap_profiles(kind: str, severities, parameter: str | None = None, see
         else:
             key = {"actuator_gain": "actuator_gain", "actuator_offset": "actuator_offset",
                    "actuator_deadband": "actuator_deadband", "sensor_noise": "sensor_noise_std",
-                   "sensor_bias": "sensor_bias", "sensor_drift": "sensor_drift"}[kind]
-            kw = {key: (1 + s if kind == "actuator_gain" else s) if s else None}
+                   "sensor_bias": "sensor_bias", "sensor_drift": "sensor_drift", "visual_brightness": "visual_brightness",
+                   "visual_blur": "visual_blur", "visual_noise": "visual_noise_std"}[kind]
+            kw = {key: (1 + s if kind in ("actuator_gain", "visual_brightness") else s) if s else None}
         label = f"{kind}({parameter})={s:g}" if kind == "dynamics" else f"{kind}={s:g}"
         profiles.append(RealityProfile(**kw, seed=seed, name=label))
     return profiles

@@ -1,7 +1,8 @@
 """Gymnasium wrappers that give a simulator known sim-to-real gaps, one wrapper per gap family.
 
-Owns the in-the-loop gap families of the taxonomy (product.md): `PhysicsGap` (dynamics),
-`ActuatorGap` (actuator), `ActionLatency` (latency) and `SensorGap` (sensor_noise). Composed by
+Owns the gap families of the taxonomy (product.md): `PhysicsGap` (dynamics),
+`ActuatorGap` (actuator), `ActionLatency` (latency), `SensorGap` (sensor_noise) and `VisualGap`
+(visual: brightness, colour, blur and noise of rendered frames). Composed by
 `wmcheck.checks.reality.make_reality_env`, they make the "reality" against which wmcheck is tested
 and benchmarked: a gap we injected is a gap we know.
 
@@ -328,3 +329,78 @@ class PhysicsGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
         return obs, _with_reality(info, "physics", copy.deepcopy(self.applied))
+
+
+# ---- visual -----------------------------------------------------------------------------------------
+
+
+def _gaussian_blur(frame: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian blur of an (H, W, C) float frame (edges replicated); sigma in pixels."""
+    radius = max(1, int(np.ceil(3 * sigma)))
+    x = np.arange(-radius, radius + 1, dtype=np.float64)
+    k = np.exp(-0.5 * (x / sigma) ** 2)
+    k /= k.sum()
+    out = np.pad(frame, ((radius, radius), (0, 0), (0, 0)), mode="edge")
+    out = sum(k[i] * out[i : i + frame.shape[0]] for i in range(len(k)))  # rows
+    out = np.pad(out, ((0, 0), (radius, radius), (0, 0)), mode="edge")
+    return sum(k[i] * out[:, i : i + frame.shape[1]] for i in range(len(k)))  # columns
+
+
+class VisualGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Rendered frames differ from the camera's: the visual gap. Only `render()` changes; states,
+    dynamics and vector observations are untouched, so a check must find this gap in the images.
+
+    In order, on the frame as float in [0, 255]: per-channel colour gain `colour` (e.g. [1.2, 1, 0.8]
+    warms the image), global `brightness` factor, Gaussian `blur` (sigma in pixels), white Gaussian
+    `noise_std` (grey levels, from the wrapper's RNG, reseeded by reset(seed) as `SensorGap` does),
+    then clipped back to uint8. With no parameter given it is the identity. The frames must be
+    (H, W, C) uint8 (render_mode="rgb_array").
+    """
+
+    def __init__(self, env: gym.Env, brightness: float | None = None, colour=None, blur: float | None = None,
+                 noise_std: float | None = None, seed: int | None = 0):
+        gym.utils.RecordConstructorArgs.__init__(self, brightness=brightness, colour=colour, blur=blur,
+                                                 noise_std=noise_std, seed=seed)
+        gym.Wrapper.__init__(self, env)
+        for name, v in (("brightness", brightness), ("blur", blur), ("noise_std", noise_std)):
+            if v is not None and not (np.isfinite(v) and v >= 0):
+                raise UserError(f"visual {name} must be a number >= 0, got {v!r}", f"e.g. {name}=1.3")
+        self.brightness, self.blur, self.noise_std, self.seed = brightness, blur, noise_std, seed
+        self.colour = None if colour is None else np.asarray(colour, np.float64).reshape(-1)
+        if self.colour is not None and (self.colour < 0).any():
+            raise UserError(f"visual colour gains must be >= 0, got {colour!r}", "e.g. colour=[1.2, 1.0, 0.8]")
+        self.active = any(v is not None for v in (brightness, colour, blur, noise_std))
+        self.rng = np.random.default_rng(None if seed is None else [_SENSOR_RNG_TAG + 1, int(seed)])
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        if seed is not None:
+            tail = [] if self.seed is None else [int(self.seed)]
+            self.rng = np.random.default_rng([_SENSOR_RNG_TAG + 1, int(seed), *tail])
+        params = {"brightness": self.brightness, "colour": self.colour, "blur": self.blur,
+                  "noise_std": self.noise_std, "seed": self.seed}
+        return obs, _with_reality(info, "visual", _jsonable(params))
+
+    def render(self):
+        frame = self.env.render()
+        return self.transform(frame) if self.active and frame is not None else frame
+
+    def transform(self, frame: np.ndarray) -> np.ndarray:
+        """The visual gap applied to one (H, W, C) uint8 frame."""
+        frame = np.asarray(frame)
+        if frame.ndim != 3 or frame.dtype != np.uint8:
+            raise UserError(f"VisualGap needs (H, W, C) uint8 frames, the env rendered {frame.shape} {frame.dtype}",
+                            'make the env with render_mode="rgb_array"')
+        x = frame.astype(np.float64)  # (H, W, C)
+        if self.colour is not None:
+            if self.colour.size not in (1, x.shape[2]):
+                raise UserError(f"visual colour has {self.colour.size} gains for {x.shape[2]} channels",
+                                "give one gain per colour channel")
+            x = x * self.colour
+        if self.brightness is not None:
+            x = x * self.brightness
+        if self.blur:
+            x = _gaussian_blur(x, float(self.blur))
+        if self.noise_std:
+            x = x + self.rng.standard_normal(x.shape) * self.noise_std
+        return np.clip(np.rint(x), 0, 255).astype(np.uint8)

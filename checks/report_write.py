@@ -81,6 +81,10 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
                 w.add_scalar(f"check/policy/{key}", float(value), 0)
         if report.get("_policy_plots"):
             w.add_figure("check/policy/returns_fig", policy_return_figure(report), 0)
+    for key, frames in (report.get("_video") or {}).items():  # camera models: worst blocks, true / pred / error
+        from wmcheck.training.openloop_video import log_video
+
+        log_video(w, f"check/openloop_video/{key}", frames, 0)
     w.add_text("check/summary", s["message"], 0)
     w.close()
     return logdir

@@ -291,11 +291,14 @@ class LogReader:
         return self._obs_layouts[episode_id]
 
     # data
-    def read(self, episode_id: int) -> Episode:
-        """Load one episode; UserError listing every problem when it breaks the format's rules."""
+    def read(self, episode_id: int, groups: bool = True) -> Episode:
+        """Load one episode; UserError listing every problem when it breaks the format's rules.
+
+        groups=False leaves the extra observation groups (camera frames) in the file: `obs_groups`
+        is then empty, and `frames` reads rows of them on demand."""
         g = self._group(episode_id)
         try:
-            ep, problems = self._read(episode_id, g)
+            ep, problems = self._read(episode_id, g, groups)
         except L.LayoutError as exc:
             ep, problems = None, [str(exc)]
         except OSError as exc:
@@ -306,7 +309,7 @@ class LogReader:
                             + "; ".join(problems), _VALIDATE_FIX.format(path=self.path))
         return ep
 
-    def _read(self, episode_id: int, g: h5py.Group) -> tuple[Episode | None, list[str]]:
+    def _read(self, episode_id: int, g: h5py.Group, load_groups: bool = True) -> tuple[Episode | None, list[str]]:
         missing = [k for k in REQUIRED if k not in g]
         if missing:
             return None, [f"missing dataset(s) {', '.join(missing)}"]
@@ -314,7 +317,9 @@ class LogReader:
         meta = self.meta
         lay = self._obs_layout(episode_id)
         obs = L.read_state(g["observations"], lay)  # (N+1, D)
-        groups = L.read_groups(g["observations"], lay)  # {key: (N+1, ...)}
+        groups = L.read_groups(g["observations"], lay) if load_groups else {}  # {key: (N+1, ...)}
+        if not load_groups:  # row counts of the groups left in the file are still checked
+            groups_rows = {k: v for k, v in L.component_rows(g["observations"], lay).items() if k in lay.group_keys}
         actions = L.read_actions(g["actions"], self.num_action_classes)  # (N, A)
         n = actions.shape[0]
         inputs = L.read_vector(g["inputs"]) if "inputs" in g else None  # (N, E)
@@ -325,6 +330,9 @@ class LogReader:
         expected = {"observations": (obs, n + 1), "inputs": (inputs, n), "rewards": (rewards, n),
                     "terminations": (terms, n), "truncations": (truncs, n), "timestamps": (ts, n + 1)}
         expected.update({f"observations/{k}": (x, n + 1) for k, x in groups.items()})
+        if not load_groups:
+            problems += [f"observations/{k} has {r} rows, expected {n + 1} (actions have {n})"
+                         for k, r in groups_rows.items() if r != n + 1]
         for name, (x, rows) in expected.items():
             if x is not None and x.shape[0] != rows:
                 problems.append(f"{name} has {x.shape[0]} rows, expected {rows} (actions have {n})")
@@ -352,10 +360,25 @@ class LogReader:
                      name=None if name is None else L.attr_str(name))
         return ep, problems
 
-    def episodes(self, ids: Iterable[int] | None = None) -> Iterator[Episode]:
-        """Episodes one at a time (all, in id order, when `ids` is None)."""
+    def episodes(self, ids: Iterable[int] | None = None, groups: bool = True) -> Iterator[Episode]:
+        """Episodes one at a time (all, in id order, when `ids` is None); groups as in `read`."""
         for i in self.episode_ids if ids is None else ids:
-            yield self.read(i)
+            yield self.read(i, groups)
+
+    def group_specs(self, episode_id: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """{group key: (per-row shape, dtype)} of an episode's extra observation groups; reads no data."""
+        node = self._group(episode_id)["observations"]
+        lay = self._obs_layout(episode_id)
+        return {k: (tuple(node[k].shape[1:]), node[k].dtype) for k in lay.group_keys}
+
+    def frames(self, episode_id: int, key: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of observation group `key` of one episode, e.g. (rows, H, W, C) uint8.
+
+        Reads only the chunks of those rows (frames are stored one per chunk)."""
+        node = self._group(episode_id)["observations"]
+        if key not in self._obs_layout(episode_id).group_keys:
+            raise KeyError(f"episode {episode_id} of {self.path} has no observation group {key!r}")
+        return np.asarray(node[key][start:stop])
 
     def __iter__(self) -> Iterator[Episode]:
         return self.episodes()

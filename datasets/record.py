@@ -21,6 +21,12 @@ called on each recorded `Episode` and the last step's `info`; without one, the l
 no per-episode success field, so the recorder keeps it alongside, in memory: `Recorder.outcomes`
 maps episode id -> `Outcome`.
 
+Camera frames (`render=(W, H)`): the env is made with render_mode="rgb_array" (and width/height where
+it takes them, as MuJoCo envs do), `env.render()` is called after the reset and after every step, and
+each frame is resized to H x W (area averaging) and stored as uint8 in the observation group
+"image" (N+1, H, W, C). MUJOCO_GL defaults to "egl" (headless rendering) when it is unset. The
+camera is set up by one render after a seed-0 reset, before the first episode (see `Recorder`).
+
 Episode i is reset with seed `seed + i` (stored as the episode's seed); random policies are seeded
 the same way, so one episode can be reproduced on its own. `dt` comes from `env.unwrapped.dt`, else
 1 / metadata["render_fps"], else 1.0 with a warning.
@@ -30,6 +36,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,16 +259,72 @@ def _import_attr(mod_name: str, attr: str, what: str, spec: str):
     return obj
 
 
+IMAGE_KEY = "image"
+
+
+def parse_render_size(spec: str) -> tuple[int, int]:
+    """"64x48" -> (64, 48) = (W, H); UserError otherwise."""
+    w, _, h = str(spec).lower().partition("x")
+    try:
+        size = (int(w), int(h))
+    except ValueError:
+        size = (0, 0)
+    if min(size) < 1:
+        raise UserError(f"--render {spec!r} is not a frame size WxH", "e.g. --render 64x64")
+    return size
+
+
+def resize_frame(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(h, w, C) uint8 -> (H, W, C) uint8 for size (W, H): area averaging when shrinking (each output
+    pixel is the mean of the input pixels it covers), bilinear when enlarging; unchanged if equal."""
+    W, H = size
+    if frame.shape[:2] == (H, W):
+        return frame
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1)[None].float()  # (1, C, h, w)
+    if H <= frame.shape[0] and W <= frame.shape[1]:
+        y = F.interpolate(x, size=(H, W), mode="area")  # (1, C, H, W)
+    else:
+        y = F.interpolate(x, size=(H, W), mode="bilinear", align_corners=False)
+    return y[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def make_render_env(env_id: str, env_kwargs: dict | None, size: tuple[int, int]):
+    """The env made to render rgb_array frames: with width/height where it takes them, else without."""
+    os.environ.setdefault("MUJOCO_GL", "egl")  # headless; read when the first renderer is created
+    kwargs = dict(env_kwargs or {})
+    attempts = [{"render_mode": "rgb_array", "width": size[0], "height": size[1]}, {"render_mode": "rgb_array"}, {}]
+    last = None
+    for extra in attempts:
+        try:
+            env = make_env(env_id, {**extra, **kwargs})
+            break
+        except UserError as exc:  # the env does not take these keyword arguments
+            last = exc
+    else:
+        raise last
+    if getattr(env, "render_mode", None) != "rgb_array":
+        env.close()
+        raise UserError(f"{env_id} does not render rgb_array frames (render_mode {getattr(env, 'render_mode', None)!r})",
+                        'pass "render_mode": "rgb_array" in --env-kwargs to an env that supports it')
+    return env
+
+
 class Recorder:
-    """One environment and policy; `meta()` for the file, `episodes(n)` to record them one by one."""
+    """One environment and policy; `meta()` for the file, `episodes(n)` to record them one by one.
+
+    render=(W, H) also stores the rendered frames (module docstring)."""
 
     def __init__(self, env_id: str, policy: str | PolicyFn = "random", seed: int = 0,
                  env_kwargs: dict | None = None, max_steps: int | None = None,
-                 success: str | SuccessFn | None = None):
+                 success: str | SuccessFn | None = None, render: tuple[int, int] | None = None):
         if max_steps is not None and max_steps < 1:
             raise UserError(f"max_steps must be >= 1, got {max_steps}", "e.g. --max-steps 200")
         self.env_id = env_id
-        self.env = make_env(env_id, env_kwargs)
+        self.render = None if render is None else (int(render[0]), int(render[1]))
+        self.env = make_env(env_id, env_kwargs) if self.render is None else make_render_env(env_id, env_kwargs, self.render)
         try:
             self.codec = SpaceCodec.for_env(self.env)
             self.policy = make_policy(policy, self.env)
@@ -273,6 +336,13 @@ class Recorder:
                                 "give --max-steps M")
             self.seed, self.max_steps = int(seed), max_steps
             self.dt, self.dt_warning = env_dt(self.env)
+            if self.render:
+                # Renderers may set their camera up from the first rendered state (gymnasium's MuJoCo
+                # viewer aims its free camera at the median geom position then): render once from the
+                # seed-0 reset, so every recording of this env sees through the same camera whatever
+                # its first episode's seed. Episodes reseed at their own reset, so nothing else changes.
+                self.env.reset(seed=0)
+                self._frame()
         except BaseException:
             self.env.close()
             raise
@@ -295,6 +365,7 @@ class Recorder:
         obs, _ = self.env.reset(seed=seed)
         observations, actions, rewards, terms, truncs = [self.codec.obs(obs)], [], [], [], []
         t, info = 0, {}
+        frames = [self._frame()] if self.render else []
         while self.max_steps is None or t < self.max_steps:
             a, row = self.codec.action(self.policy(obs), self.env)
             obs, r, term, trunc, info = self.env.step(a)
@@ -303,6 +374,8 @@ class Recorder:
             rewards.append(float(r))
             terms.append(bool(term))
             truncs.append(bool(trunc))
+            if self.render:
+                frames.append(self._frame())
             t += 1
             if term or trunc:
                 break
@@ -314,9 +387,23 @@ class Recorder:
                             "the simulation diverged: lower --max-steps or check the environment")
         episode = Episode(observations=obs_arr, actions=np.stack(actions),  # (N, A)
                           rewards=np.asarray(rewards, np.float32), terminations=np.asarray(terms, bool),
-                          truncations=np.asarray(truncs, bool), id=ep_id, seed=seed)
+                          truncations=np.asarray(truncs, bool), id=ep_id, seed=seed,
+                          obs_groups={IMAGE_KEY: np.stack(frames)} if self.render else {})  # (N+1, H, W, C)
         self.outcomes[ep_id] = episode_outcome(episode, info, self.success)
         return episode
+
+    def _frame(self) -> np.ndarray:
+        import gymnasium as gym
+
+        try:
+            frame = self.env.render()
+        except gym.error.DependencyNotInstalled as exc:
+            raise UserError(f"{self.env_id} cannot render: {exc}", "install the renderer it names, or record without --render") from None
+        frame = np.asarray(frame) if frame is not None else None
+        if frame is None or frame.ndim != 3 or frame.dtype != np.uint8:
+            raise UserError(f"{self.env_id} rendered {None if frame is None else (frame.shape, frame.dtype)}, "
+                            "not an (H, W, C) uint8 frame", 'record envs that support render_mode="rgb_array"')
+        return resize_frame(frame, self.render)
 
     def close(self) -> None:
         self.env.close()
@@ -329,16 +416,17 @@ class Recorder:
 
 
 def record_episodes(env_id: str, policy: str | PolicyFn = "random", episodes: int = 1,
-                    max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None) -> list[Episode]:
+                    max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None,
+                    render: tuple[int, int] | None = None) -> list[Episode]:
     """Record `episodes` episodes in memory (for benchmarks and tests)."""
-    with Recorder(env_id, policy, seed, env_kwargs, max_steps) as rec:
+    with Recorder(env_id, policy, seed, env_kwargs, max_steps, render=render) as rec:
         return list(rec.episodes(episodes))
 
 
 def record_to_log(path, env_id: str, policy: str | PolicyFn = "random", episodes: int = 1,
                   max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None,
                   source: str = "sim", success: str | SuccessFn | None = None,
-                  outcomes: dict[int, Outcome] | None = None) -> tuple[LogMeta, int]:
+                  outcomes: dict[int, Outcome] | None = None, render: tuple[int, int] | None = None) -> tuple[LogMeta, int]:
     """Record straight into a log file through LogWriter (atomic); returns (meta, total steps).
     Each episode's `Outcome` (success) is added to `outcomes` when a dict is given."""
     from wmcheck.datasets.logformat import LogWriter
@@ -346,7 +434,7 @@ def record_to_log(path, env_id: str, policy: str | PolicyFn = "random", episodes
     if episodes < 1:
         raise UserError(f"episodes must be >= 1, got {episodes}", "e.g. --episodes 10")
     steps = 0
-    with Recorder(env_id, policy, seed, env_kwargs, max_steps, success) as rec:
+    with Recorder(env_id, policy, seed, env_kwargs, max_steps, success, render) as rec:
         meta = rec.meta(source)
         with LogWriter(path, meta) as writer:
             for ep in rec.episodes(episodes):

@@ -22,7 +22,9 @@ like a real episode start, which is what the model sees at evaluation. The cost 
 per window. Then `is_last |= next step's is_first` inside the window (already true in the stream,
 where step N precedes the next episode's step 0; kept as an invariant).
 
-Memory: the sampler holds its episodes' step views (normalised float32, images as uint8) in memory.
+Memory: the sampler holds its episodes' vector step views (normalised float32) in memory. Camera
+frames stay in the log when the source is a file: each sampled window reads only its own frames
+(`frames.FrameStream`). Episodes given in memory keep their frames in memory.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from wmcheck.datasets.episode import Episode
+from wmcheck.datasets.frames import FrameStream
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.scripts.errors import UserError
 
@@ -168,17 +171,30 @@ class WindowSampler:
             raise UserError("no episodes to sample windows from", "pass at least one episode id")
         self.episode_ids = list(self._steps)
         self._stream = StepArrays.concat(list(self._steps.values()))
+        self.frames: FrameStream | None = None
+        if self._lazy:
+            from wmcheck.datasets.logformat import open_log
+
+            with open_log(self._source) as log:
+                specs = log.group_specs(self.episode_ids[0])
+            if specs:
+                self.frames = FrameStream(self._source, self.episode_ids, [len(s) for s in self._steps.values()], specs)
         if len(self._stream) < self.length:
             raise UserError(f"the chosen episodes hold {len(self._stream)} steps in all, fewer than the "
                             f"window length {self.length}",
                             "use a shorter sequence length or more (or longer) episodes")
 
+    @property
+    def _lazy(self) -> bool:
+        """Frames are read from the log file on demand (the source is a path)."""
+        return isinstance(self._source, (str, os.PathLike))
+
     def _load(self, ids: Sequence[int] | None) -> Iterator[Episode]:
-        if isinstance(self._source, (str, os.PathLike)):
+        if self._lazy:
             from wmcheck.datasets.logformat import open_log
 
             with open_log(self._source) as log:
-                yield from log.episodes(ids)
+                yield from log.episodes(ids, groups=False)
             return
         by_id: dict[int, Episode] = {}
         for ep in self._source:
@@ -205,6 +221,8 @@ class WindowSampler:
         starts = rng.integers(0, self.num_windows, size=batch_size)  # (B,)
         idx = starts[:, None] + np.arange(T)[None, :]  # (B, T)
         b = _batch_of(self._stream, idx)
+        if self.frames is not None:
+            b.images = self.frames.batch(starts, T)  # {key: (B, T, H, W, C)}, read from the file
         forced = ~b.is_first[:, 0]  # (B,) windows that start mid-episode
         b.is_first[:, 0] = True
         b.prev_action[forced, 0] = 0.0
@@ -220,4 +238,14 @@ class WindowSampler:
         extra = {ep.id: episode_steps(ep, self.normalizer) for ep in self._load(missing)} if missing else {}
         for i in ids:
             s = self._steps[i] if i in self._steps else extra[i]
-            yield _batch_of(s, np.arange(len(s))[None, :]).check()  # (1, N+1, ...)
+            b = _batch_of(s, np.arange(len(s))[None, :])  # (1, N+1, ...)
+            if self._lazy and not b.images:
+                b.images = self._episode_frames(i, len(s))
+            yield b.check()
+
+    def _episode_frames(self, episode_id: int, rows: int) -> dict[str, np.ndarray]:
+        """All frames of one episode from the log: {key: (1, N+1, H, W, C)}."""
+        from wmcheck.datasets.logformat import open_log
+
+        with open_log(self._source) as log:
+            return {k: log.frames(episode_id, k, 0, rows)[None] for k in log.group_specs(episode_id)}

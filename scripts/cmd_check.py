@@ -38,11 +38,16 @@ def register(sub) -> None:
                    help="model rollouts per simulator episode in the policy check (default 8)")
     p.add_argument("--max-steps", type=int, default=None, help="step limit per recorded episode")
     p.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for --env")
+    p.add_argument("--render", metavar="WxH", help="with --env: also record camera frames (for models trained on frames)")
     p.add_argument("--out", type=Path, required=True, metavar="REPORTDIR", help="folder for report.json, report.html, tb/")
     p.add_argument("--gate", type=Path, metavar="GATE.yaml", help="gate file committed by the team (overrides thresholds)")
     p.add_argument("--allow-unverifiable", action="store_true", help="exit 0 when the only problem is unverifiable episodes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-tensorboard", action="store_true")
+    p.add_argument("--clip-model", type=Path, metavar="DIR",
+                   help="local CLIP weights (transformers CLIPVisionModelWithProjection folder, or an open_clip "
+                        "checkpoint); adds CLIP cosine distances to the visual gap. Nothing is downloaded. "
+                        "Needs pip install 'wmcheck[clip]'")
     p.set_defaults(func=run)
 
 
@@ -65,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.policy_samples < 2:
         raise UserError(f"--policy-samples must be >= 2, got {args.policy_samples}", "e.g. --policy-samples 8")
     if args.env:
-        from wmcheck.datasets.record import record_to_log
+        from wmcheck.datasets.record import parse_render_size, record_to_log
 
         rollouts = args.out / "rollouts.h5"
         kwargs = _env_kwargs(args.env_kwargs)
@@ -74,13 +79,14 @@ def run(args: argparse.Namespace) -> int:
         outcomes: dict = {}
         record_to_log(rollouts, args.env, args.policy or "random", episodes=episodes, max_steps=args.max_steps,
                       seed=args.seed, env_kwargs=kwargs, source="policy" if args.policy else "sim",
-                      success=args.success, outcomes=outcomes)
+                      success=args.success, outcomes=outcomes,
+                      render=parse_render_size(args.render) if args.render else None)
         if checking_policy:
             policy_run = PolicyRun(args.env, args.policy, kwargs, args.success, outcomes, samples=args.policy_samples)
     if rollouts is None:
         raise UserError("nothing to check", "pass --rollouts SIM.h5, or --env ID [--policy P] to record rollouts")
     report = run_check(args.run_dir, rollouts, gate, command="wmcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                       seed=args.seed, policy=policy_run)
+                       seed=args.seed, policy=policy_run, clip_model=args.clip_model)
     paths = write_outputs(report, args.out, tensorboard=not args.no_tensorboard)
     print(report["summary"]["message"])
     print(f"report: {paths['html']}\njson:   {paths['json']}")

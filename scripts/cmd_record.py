@@ -11,7 +11,7 @@ import json
 import warnings
 
 from wmcheck.datasets.episode import SOURCES
-from wmcheck.datasets.record import record_to_log
+from wmcheck.datasets.record import parse_render_size, record_to_log
 from wmcheck.scripts.errors import UserError
 
 
@@ -37,6 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--env-kwargs", metavar="JSON", help='keyword arguments for the env, e.g. \'{"g": 9.81}\'')
     p.add_argument("--policy", default="random", help="random | hold:K | module:callable | path.pt")
     p.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i")
+    p.add_argument("--render", metavar="WxH", help="also store rendered camera frames (render_mode rgb_array), "
+                   "resized to W x H, as the observation group 'image', e.g. --render 64x64")
     p.add_argument("--source", choices=SOURCES[1:], default="sim",
                    help="sim for simulator rollouts, policy for trajectories of a policy under test")
     p.set_defaults(func=run)
@@ -55,11 +57,13 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         meta, steps = record_to_log(args.out, args.env, policy=args.policy, episodes=args.episodes,
                                     max_steps=args.max_steps, seed=args.seed, env_kwargs=kwargs,
-                                    source=args.source)
+                                    source=args.source,
+                                    render=parse_render_size(args.render) if args.render else None)
     for w in caught:
         if "dt recorded as" in str(w.message):
             print(f"warning: {w.message}")
     print(f"wrote {args.out}: {args.episodes} episode(s) of {args.env}, {steps:,} steps, dt {meta.dt:g} s, "
           f"{len(meta.observation_names)} observation and {len(meta.action_names)} action channels, "
-          f"policy {args.policy}, seeds {args.seed}..{args.seed + args.episodes - 1}")
+          f"policy {args.policy}, seeds {args.seed}..{args.seed + args.episodes - 1}"
+          + (f", frames {args.render}" if args.render else ""))
     return 0

@@ -37,6 +37,7 @@ def register(sub) -> None:
     p.add_argument("--precision", default="auto", help="auto (bf16-mixed on GPUs, 32-true on CPU) or a Lightning precision")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if RUNDIR holds a checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-images", action="store_true", help="ignore the log's camera frames (train on the vector channels only)")
     p.add_argument("--no-calibrate", action="store_true", help="skip calibration (run `wmcheck calibrate RUNDIR` later)")
     from wmcheck.scripts.cmd_calibrate import add_check_geometry
 
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             lr=args.lr, warmup=args.warmup, seed=args.seed, val_fraction=args.val_fraction,
             val_every=args.val_every, ckpt_every=args.ckpt_every, accelerator=args.accelerator,
             devices=args.devices, strategy=args.strategy, precision=args.precision,
-            progress_bar=not args.no_progress,
+            progress_bar=not args.no_progress, images=not args.no_images,
         )
         rc = build_run_config(tcfg, ensemble=args.ensemble)
     except ValueError as exc:

@@ -274,7 +274,7 @@ def test_composed_reality_passes_the_gymnasium_checker_and_rebuilds_from_its_spe
     with pytest.warns(UserWarning):  # the checker warns about wrappers and unbounded spaces; errors fail
         check_env(env, skip_render_check=True)
     _, info = env.reset(seed=0)
-    assert set(info["reality"]) == {"physics", "actuator", "latency", "sensor", "observation_clean"}
+    assert set(info["reality"]) == {"physics", "actuator", "latency", "sensor", "visual", "observation_clean"}
     rebuilt = gym.make(env.spec)
     a = torques(20)
     np.testing.assert_array_equal(rollout(rebuilt, a, seed=1)[0], rollout(env, a, seed=1)[0])

@@ -152,3 +152,36 @@ def test_sampler_reads_a_log_and_selects_episodes(tmp_path):
     assert sampler.episode_ids == [2, 0] and sampler.num_steps == 3 + 4
     (ep1,) = sampler.episodes([1])  # an episode outside the stream is read on demand
     assert ep1.shape == (1, 6)
+
+
+def test_frames_stream_from_the_log_and_match_memory(tmp_path):
+    """From a file, frames stay on disk (nothing held in memory) and each window reads only its rows;
+    the windows equal those of the same episodes held in memory, across episode boundaries."""
+    from wmcheck.datasets.episode import LogMeta
+    from wmcheck.datasets.logformat import LogReader, write_log
+
+    eps = [pinned(3, base=0, terminated=True, images=True, id=0), pinned(4, base=20000, images=True, id=1)]
+    path = write_log(tmp_path / "cam.h5", eps, LogMeta(source="real", dt=0.1))
+    mem = WindowSampler(eps, None, identity(), 5)
+    disk = WindowSampler(path, None, identity(), 5)
+    assert disk._stream.images == {} and disk.frames is not None and disk.frames.keys == ["cam"]
+    reads = []
+    original = LogReader.frames
+
+    def counting(self, episode_id, key, start, stop):
+        reads.append((episode_id, start, stop))
+        return original(self, episode_id, key, start, stop)
+
+    LogReader.frames = counting
+    try:
+        a, b = mem.sample(np.random.default_rng(4), 7), disk.sample(np.random.default_rng(4), 7)
+    finally:
+        LogReader.frames = original
+    np.testing.assert_array_equal(a.images["cam"], b.images["cam"])  # (7, 5, 2, 2, 3)
+    np.testing.assert_array_equal(a.obs, b.obs)
+    assert sum(stop - start for _, start, stop in reads) == 7 * 5  # exactly the windows' frames
+    assert any(start > 0 for _, start, _ in reads)
+    whole = list(disk.episodes())
+    assert whole[1].images["cam"].shape == (1, 5, 2, 2, 3)
+    np.testing.assert_array_equal(whole[1].images["cam"][0], eps[1].obs_groups["cam"])
+    disk.frames.close()

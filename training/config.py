@@ -47,6 +47,8 @@ class TrainConfig:
     precision: str = "auto"
     """"auto": bf16-mixed on CUDA GPUs (norms, softmax and losses stay fp32), 32-true elsewhere."""
     progress_bar: bool = True
+    images: bool = True
+    """Model the log's camera groups ((N+1, H, W, C) uint8) with the CNN encoder/decoder; False = vectors only."""
 
     def __post_init__(self) -> None:
         if isinstance(self.openloop_horizons, list):

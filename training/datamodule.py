@@ -24,6 +24,22 @@ from wmcheck.scripts.errors import UserError
 from wmcheck.training.config import TrainConfig
 
 
+def image_spec(specs: dict, path) -> dict:
+    """World-model config fields for the log's camera groups: {key: ((H, W, C), dtype)} ->
+    image_keys / image_key_channels / image_shape (keys stacked on the channel axis)."""
+    frames = {k: (shape, dtype) for k, (shape, dtype) in specs.items() if len(shape) == 3 and dtype == np.uint8}
+    if not frames:
+        return {}
+    sizes = {tuple(shape[:2]) for shape, _ in frames.values()}
+    if len(sizes) > 1:
+        raise UserError(f"{path}: camera groups {sorted(frames)} have different sizes {sorted(sizes)}",
+                        "record all cameras at one size (wmcheck record --render WxH), or train with --no-images")
+    keys = sorted(frames)
+    channels = [int(frames[k][0][2]) for k in keys]
+    H, W = sizes.pop()
+    return {"image_keys": keys, "image_key_channels": channels, "image_shape": [int(H), int(W), sum(channels)]}
+
+
 def batch_to(batch: Batch, device) -> Batch:
     """Move a tensor Batch to `device`."""
     return batch.map(lambda x: x.to(device))
@@ -53,6 +69,7 @@ class LogDataModule(L.LightningDataModule):
         self.train_ids: list[int] = []
         self.val_ids: list[int] = []
         self.channels: dict = {}
+        self.image_spec: dict = {}
         self._train_sampler = self._val_sampler = None
 
     @property
@@ -76,9 +93,11 @@ class LogDataModule(L.LightningDataModule):
             meta = log.meta
             ids = log.episode_ids
             self.train_ids, self.val_ids = split_episodes(ids, c.val_fraction, c.seed)
-            self.normalizer = Normalizer.fit(log.episodes(self.train_ids), meta)
+            self.normalizer = Normalizer.fit(log.episodes(self.train_ids, groups=False), meta)
             val_steps = sum(log.num_steps(i) + 1 for i in self.val_ids)
-        self.channels = {"observation_names": self.normalizer.names["obs"],
+            specs = log.group_specs(ids[0])
+        self.image_spec = image_spec(specs, self.log_path) if c.images else {}
+        self.channels = {"observation_names": self.normalizer.names["obs"], "image_keys": list(self.image_spec.get("image_keys", [])),
                          "action_names": self.normalizer.names["action"],
                          "input_names": self.normalizer.names["input"],
                          "units": dict(meta.units), "dt": meta.dt, "source": meta.source}

@@ -2,7 +2,8 @@
 
 Owns: manual optimisation with `LaProp` (so the optimiser's own statistics can be logged under
 `train/opt/*`), the fixed TensorBoard namespaces (`train/loss/*`, `train/kl/*`, `train/entropy/*`,
-`train/opt/*`, `val/*`, `openloop/*`), the open-loop evaluation at each validation, and what a
+`train/opt/*`, `val/*`, `openloop/*`), the open-loop evaluation at each validation (with a
+true / predicted / error video per camera key, `openloop/video/<key>`), and what a
 checkpoint carries besides Lightning's own state (the resolved config, normalisation statistics,
 channel names and the training-data hash, all as JSON strings).
 """
@@ -16,6 +17,7 @@ import torch
 
 from wmcheck.training.config import RunConfig
 from wmcheck.training.openloop import channel_figure, evaluate_openloop
+from wmcheck.training.openloop_video import log_openloop_videos
 from wmcheck.training.optim import LaProp
 from wmcheck.worldmodel import WorldModel
 
@@ -87,6 +89,8 @@ class WorldModelModule(L.LightningModule):
         if writer is not None and hasattr(writer, "add_figure"):
             for d, name in enumerate(names[:16]):  # a figure per channel (capped for wide logs)
                 writer.add_figure(f"openloop/{name}", channel_figure(res, d, name), self.global_step)
+            # camera frames: true / predicted / error video per image key (reference report protocol)
+            log_openloop_videos(writer, self.model, self._openloop_seq, t.openloop_context, self.global_step)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint):

@@ -78,7 +78,12 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
     t = run_config.train
     dm = LogDataModule(log_path, t)
     dm.prepare()  # validates the log, splits episodes, fits the normaliser (errors are UserErrors)
-    model_cfg = dataclasses.replace(run_config.model, obs_dim=dm.dims[0], action_dim=dm.dims[1], input_dim=dm.dims[2])
+    try:
+        model_cfg = dataclasses.replace(run_config.model, obs_dim=dm.dims[0], action_dim=dm.dims[1], input_dim=dm.dims[2],
+                                        **dm.image_spec)
+    except ValueError as exc:  # e.g. frames whose size does not fit the CNN stages
+        raise UserError(f"{log_path}: the camera frames do not fit the world model: {exc}",
+                        "re-record with --render 64x64 (or 32x32 / 16x16), or train with --no-images") from None
     run_config = RunConfig(model=model_cfg, train=t)
 
     out.mkdir(parents=True, exist_ok=True)

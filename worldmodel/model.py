@@ -11,8 +11,10 @@ Owns the public surface the rest of wmcheck uses (names from the reference):
 
 A sequence `seq` is any object with tensor attributes (the training view, already normalised):
   obs (B, T, D) float, prev_action (B, T, A), prev_input (B, T, E), reward (B, T),
-  is_first / is_last / is_terminal (B, T) bool.
-Observations are modelled in symlog space of the normalised values, as in the reference.
+  is_first / is_last / is_terminal (B, T) bool, and, for a model with `image_keys`,
+  images {key: (B, T, H, W, c) uint8}.
+Vector observations are modelled in symlog space of the normalised values, as in the reference;
+camera frames by the CNN encoder/decoder of `image.py` (tokens of both are concatenated).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from torch import nn
 from wmcheck.worldmodel.config import WorldModelConfig
 from wmcheck.worldmodel.distributions import TwoHot, categorical_entropy, categorical_kl, symexp, symlog
 from wmcheck.worldmodel.heads import ContinueHead, RewardHead, VectorDecoder, VectorEncoder
+from wmcheck.worldmodel.image import ImageDecoder, ImageEncoder, image_loss, image_target
 from wmcheck.worldmodel.rssm import RSSM, Observed, State
 
 _LOG_2PI = math.log(2 * math.pi)
@@ -54,7 +57,10 @@ class WorldModel(nn.Module):
             raise ValueError("WorldModelConfig.obs_dim must be set from the data (>= 1)")
         self.cfg = cfg
         self.encoder = VectorEncoder(cfg)
-        self.rssm = RSSM(cfg, self.encoder.out_dim)
+        self.image_encoder = ImageEncoder(cfg) if cfg.image_keys else None
+        self.image_decoder = ImageDecoder(cfg) if cfg.image_keys else None
+        tokens = self.encoder.out_dim + (self.image_encoder.out_dim if cfg.image_keys else 0)
+        self.rssm = RSSM(cfg, tokens)
         self.decoder = VectorDecoder(cfg)
         self.reward = RewardHead(cfg)
         self.cont = ContinueHead(cfg)
@@ -72,7 +78,23 @@ class WorldModel(nn.Module):
     def observe(self, seq, state: State | None = None, sample: bool = True) -> tuple[Observed, State]:
         self._check(seq)
         tokens = self.encoder(seq.obs.float())  # (B, T, units)
+        if self.image_encoder is not None:
+            tokens = torch.cat([tokens, self.image_encoder(seq.images)], -1)  # (B, T, units + cnn)
         return self.rssm.observe(tokens, _control(seq), seq.is_first.bool(), state, sample)
+
+    def embed_images(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The image encoder's embedding of frames {key: (B, T, H, W, c) uint8} -> (B, T, E).
+
+        The visual-gap check measures distances between real and checked frames in this space."""
+        if self.image_encoder is None:
+            raise ValueError("this world model has no image encoder (trained without image_keys)")
+        return self.image_encoder(images).float()
+
+    def decode_images(self, state: State) -> dict[str, torch.Tensor]:
+        """Predicted frames {key: (B, T, H, W, c)} in [0, 1] from states (B, T, ...)."""
+        if self.image_decoder is None:
+            raise ValueError("this world model has no image decoder (trained without image_keys)")
+        return self.image_decoder.split(self.image_decoder(state.feat()))
 
     def imagine(self, state: State, prev_action: torch.Tensor, prev_input: torch.Tensor,
                 sample: bool = True, head=None) -> State:
@@ -98,6 +120,10 @@ class WorldModel(nn.Module):
         target = symlog(seq.obs.float())  # (B, T, D)
         rec = (mean - target).pow(2).sum(-1)  # (B, T)  symlog-MSE summed over channels
         std_nll = _gauss_nll(target, mean.detach(), log_std).sum(-1) if c.learn_obs_std else torch.zeros_like(rec)
+        if self.image_decoder is not None:  # (B, T): squared error summed over H, W, C
+            img = image_loss(self.image_decoder(feat), image_target(seq.images, c.image_keys))
+        else:
+            img = torch.zeros_like(rec)
         rew = -self.twohot.log_prob(self.reward(feat), seq.reward.float())  # (B, T)
         cont_target = (1.0 - seq.is_terminal.float()) * (1.0 - 1.0 / c.cont_horizon)
         con = F.binary_cross_entropy_with_logits(self.cont(feat), cont_target, reduction="none")  # (B, T)
@@ -117,7 +143,9 @@ class WorldModel(nn.Module):
             "rec": rec.mean(), "obs_std": std_nll.mean(), "rew": rew.mean(), "con": con.mean(),
             "dyn": dyn_l.mean(), "rep": rep_l.mean(),
         }
-        total = (c.rec_scale * terms["rec"] + terms["obs_std"] + c.rew_scale * terms["rew"]
+        if self.image_decoder is not None:
+            terms["image"] = img.mean()
+        total = (c.rec_scale * (terms["rec"] + terms.get("image", 0.0)) + terms["obs_std"] + c.rew_scale * terms["rew"]
                  + c.con_scale * terms["con"] + c.dyn_scale * terms["dyn"] + c.rep_scale * terms["rep"])
         metrics = {f"loss/{k}": v.detach() for k, v in terms.items()}
         metrics["loss/total"] = total.detach()
@@ -204,11 +232,15 @@ class WorldModel(nn.Module):
         mean, log_std = self.decode(states)  # (N*B, H, D)
         draws = symexp(mean + torch.exp(log_std) * torch.randn_like(mean))
         H, D = mean.shape[1], mean.shape[2]
-        return {
+        out = {
             "samples": draws.reshape(samples, B, H, D),
             "mean": symexp(mean).reshape(samples, B, H, D).mean(0),
             "truth": seq.obs[:, context:].float(),
         }
+        if self.image_decoder is not None:  # frames of the first latent draw, (B, H, h, w, c) in [0, 1]
+            first = State(states.deter[:B], states.stoch[:B])
+            out["images"] = self.decode_images(first)
+        return out
 
     # ------------------------------------------------------------------ checks
     def _check(self, seq) -> None:
@@ -218,6 +250,11 @@ class WorldModel(nn.Module):
         assert seq.prev_action.shape == (B, T, c.action_dim), f"prev_action {tuple(seq.prev_action.shape)} != (B, T, {c.action_dim})"
         assert seq.prev_input.shape == (B, T, c.input_dim), f"prev_input {tuple(seq.prev_input.shape)} != (B, T, {c.input_dim})"
         assert seq.is_first.shape == (B, T), f"is_first {tuple(seq.is_first.shape)} != (B, T)"
+        if c.image_keys:
+            images = getattr(seq, "images", None) or {}
+            for key in c.image_keys:
+                assert key in images, f"the model reads image key {key!r}; the sequence has {sorted(images)}"
+                assert tuple(images[key].shape[:2]) == (B, T), f"images[{key}] {tuple(images[key].shape)} != (B, T, H, W, C)"
 
 
 class _Slice:
@@ -228,3 +265,4 @@ class _Slice:
     def __init__(self, seq, start: int, stop: int):
         for name in self.FIELDS:
             setattr(self, name, getattr(seq, name)[:, start:stop])
+        self.images = {k: v[:, start:stop] for k, v in (getattr(seq, "images", None) or {}).items()}
