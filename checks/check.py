@@ -219,7 +219,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             "blocks": int(len(blocks)), "competent_blocks": int(len(comp_idx)),
             "pooled_p_values": {k: _r(v) for k, v in pooled_p.items()},
             "alpha": alpha, "tolerated_by_gate": bool(tolerated),
-            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol, main_verdict),
+            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol, main_verdict, alpha),
         },
         "episodes": ep_entries,
         "gaps": gaps,
@@ -230,7 +230,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         },
         "channels": _channels(sc, real, bundle.channels, comp_idx),
         "regimes": _regimes(sc, blocks, competent, cal, norm, bundle.channels, meta, alpha, seed),
-        "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "gaps": power},
+        "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "alpha": alpha, "gaps": power},
         "thresholds": {"source": gate.source if gate.source != "defaults" else "calibration",
                        "alpha": alpha, "competence_alpha": comp_alpha, "support_bound": support_bound, "episode_alpha": a_ep,
                        "pooled_alpha": alpha / (2 * len(SCORES)), "calibration_blocks": int(len(real.divergence)),
@@ -436,10 +436,11 @@ def _all_tolerated(gaps: dict) -> bool:
     return bool(present) and all(gaps[g]["verdict"] == "tolerated" for g in present) and gaps["dynamics"]["verdict"] != "present"
 
 
-def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol=None, main_verdict=None) -> str:
+def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol=None, main_verdict=None,
+             alpha: float = 0.05) -> str:
     if pol is not None and not pol["gate"]["passed"]:
         head = "FAIL: the policy gate is not met: " + "; ".join(pol["gate"]["reasons"]) + "."
-        rest = _message(main_verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated)
+        rest = _message(main_verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, alpha=alpha)
         return head + " " + (rest if main_verdict == "fail" else "Consistency check: " + rest)
     parts = []
     if verdict == "pass":
@@ -453,8 +454,11 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
             parts.append(f"Its power could not be measured reliably: with no gap injected, the held-out real episodes already "
                          f"differ among themselves ({rate:.0%} detected); hold out more real episodes.")
         else:
+            rate = next(iter(power.values())).get("control_detection")
             parts.append("This pass would have caught: " + (", ".join(worth) or "none of the injected gap sizes") + "."
-                         + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else ""))
+                         + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else "")
+                         + (f" (With no gap injected, {rate:.0%} of the power draws are flagged, above alpha: these sizes "
+                            f"are optimistic.)" if rate is not None and rate > alpha else ""))
     elif verdict == "fail" and n_div > 0:
         parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
     elif verdict == "fail" and gaps["visual"]["verdict"] == "present":

@@ -220,7 +220,8 @@ def _power_note(pw: dict) -> str:
     if first.get("blocks_used") and first["blocks_used"] < pw["n_blocks"]:
         note += f" Measured with the {first['blocks_used']} injected blocks available (a lower bound for {pw['n_blocks']} blocks)."
     if first.get("control_detection") is not None:
-        note += f" With no gap injected, {first['control_detection']:.0%} of draws are flagged (the control)."
+        note += f" With no gap injected, {first['control_detection']:.0%} of draws are flagged (the control"
+        note += "; above alpha, so the sizes are optimistic)." if first["control_detection"] > pw.get("alpha", 0.05) else ")."
     if not first.get("reliable", True):
         note += " <b>Unreliable</b>: the held-out real episodes differ among themselves; no smallest size is claimed."
     return note
