@@ -98,10 +98,12 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
     write_text_atomic(cfg_path, run_config.to_json())
     data_hash = file_sha256(log_path)
     write_text_atomic(out / "data.json", json.dumps({"log": str(Path(log_path).resolve()), "sha256": data_hash}, indent=2))
+    # Seed before the model exists: its initial weights come from the same seed, so a run is
+    # reproducible (seeding after construction left the init to whatever the process drew before).
+    L.seed_everything(t.seed, workers=True, verbose=False)
     module = WorldModelModule(run_config, dm.normalizer.to_dict(), dm.channels, data_hash)
     module._openloop_seq = dm.openloop_sequence()
 
-    L.seed_everything(t.seed, workers=True, verbose=False)
     logger = TensorBoardLogger(save_dir=str(out), name="", version="tb", default_hp_metric=False)
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True,
                                  every_n_train_steps=t.ckpt_every)
