@@ -5,17 +5,19 @@ Owns the searches (latency, actuator) and the residual tests (sensor noise), eac
 null comes from running the very same procedure on held-out real blocks (calibration). Evidence
 >= 1 means "present at level alpha". The search objective J is each block's predictive
 log-score under the corrected commands: the one-step NLL for latency (alignment), plus the
-Gaussian log-score of an 8-step open-loop rollout for actuator corrections, which accumulate
-(scoring.attribution_objective); the statistic is the paired t of the best
+Gaussian log-score of 8-step open-loop rollouts from windows tiling the block for actuator
+corrections, which accumulate (scoring.attribution_objective); the statistic is the paired t of the best
 correction's improvement over blocks, and the null runs the same search, so the selection effect
 of searching is in it.
 
-  latency       J matrix over delays -max..max; estimate = argmin (steps, seconds); CI by block
-                bootstrap of the argmin
+  latency       J matrix over delays -max..max; estimate = the shift that registers the checked
+                curve J(d) onto the real blocks' curve (steps, seconds); CI by episode bootstrap
   actuator      per command channel, J over gains, offsets and deadbands (one factor at a time)
   sensor_noise  per observation channel: residual std ratio (checked / real), bias, whiteness
-  dynamics      residual growth over the open-loop horizon (late-horizon z^2) after applying the
-                latency / actuator corrections that were found, vs real blocks
+  dynamics      one-step residuals larger AND more coloured than reality's (the whiteness test of
+                system identification: added sensor noise whitens residuals, missing or wrong
+                physics colours them), after applying the latency / actuator corrections found;
+                reported with the open-loop error ratio per channel and per horizon
 The attribution never blends: each gap has its own evidence, estimate and interval, and the top
 gap is named only when the block bootstrap separates it from the runner-up.
 """
@@ -27,7 +29,7 @@ import numpy as np
 
 from wmcheck.checks.blocks import make_blocks
 from wmcheck.checks.scoring import attribution_objective, one_step_nll
-from wmcheck.checks.transforms import actuator, shift_actions
+from wmcheck.checks.transforms import actuator_correction, shift_actions
 
 
 @dataclass
@@ -54,8 +56,12 @@ class SearchMatrices:
         return cls(np.asarray(arrays[prefix + "delays"]), np.asarray(arrays[prefix + "latency"]), grids, act)
 
 
-def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray) -> SearchMatrices:
-    """Evaluate J for every candidate correction on the blocks of `episodes`."""
+def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray, latency: bool = True,
+                    actuator_episodes=None) -> SearchMatrices:
+    """Evaluate J for every candidate correction on the blocks of `episodes`; the actuator searches
+    run on `actuator_episodes` when given (the checked episodes with the latency found already
+    corrected: corrections are found in order, each on what the previous ones leave), and the
+    latency search is skipped when `latency` is False (its matrix is then empty)."""
     def blocks(eps):
         return make_blocks(eps, normalizer, cfg.context, cfg.horizon)
 
@@ -65,8 +71,9 @@ def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray) ->
     # Latency is an alignment question: the one-step NLL pins it to the step (an open-loop term
     # blurs it); gains, offsets and deadbands accumulate over steps, so they use the full objective.
     delays = np.arange(-cfg.max_delay, cfg.max_delay + 1)
-    latency = np.stack([one_step_nll(model, blocks([shift_actions(e, int(d)) for e in episodes]), seed=cfg.seed)
-                        for d in delays])
+    latency = (np.stack([one_step_nll(model, blocks([shift_actions(e, int(d)) for e in episodes]), seed=cfg.seed)
+                         for d in delays]) if latency else np.zeros((0, 0)))
+    episodes = episodes if actuator_episodes is None else actuator_episodes
     base = J(episodes)
     grids = {"gain": np.asarray(cfg.gain_grid), "offset": np.asarray(cfg.offset_grid),
              "deadband": np.asarray(cfg.deadband_grid)}
@@ -78,9 +85,8 @@ def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray) ->
                 if (kind == "gain" and v == 1.0) or (kind != "gain" and v == 0.0):
                     rows.append(base)
                     continue
-                kw = {"gain": dict(gain=v), "offset": dict(offset=v * action_std[c]),
-                      "deadband": dict(band=v * action_std[c])}[kind]
-                rows.append(J([actuator(e, c, **kw) for e in episodes]))
+                value = v if kind == "gain" else v * action_std[c]
+                rows.append(J([actuator_correction(e, c, kind, value) for e in episodes]))
             act[f"{kind}:{c}"] = np.stack(rows)
     return SearchMatrices(delays, latency, grids, act)
 
@@ -104,14 +110,22 @@ def _improvement(mat: np.ndarray, identity: int, idx: np.ndarray | None = None) 
 
 
 def null_quantile(real: np.ndarray, identity: int, n: int, alpha: float, rng: np.random.Generator,
-                  reps: int) -> float:
+                  reps: int, real_groups: np.ndarray | None = None) -> float:
     """Threshold for the search statistic: the (1 - alpha) quantile of the same search on n
-    resampled *real* blocks (the selection effect of searching is in it), and never below the
-    one-sided normal critical value (a paired t below that is not significant even unsearched)."""
+    resampled *real* blocks (the selection effect of searching is in it), drawn as whole real
+    episodes when `real_groups` labels them (so the null has the dependence between blocks of one
+    episode that the checked blocks have), and never below the one-sided normal critical value
+    (a paired t below that is not significant even unsearched)."""
     from statistics import NormalDist
 
+    from wmcheck.checks.stats import cluster_resample
+
     m = real.shape[1]
-    vals = [_improvement(real, identity, rng.integers(0, m, size=n))[0] for _ in range(reps)]
+
+    def draw():
+        return rng.integers(0, m, size=n) if real_groups is None else cluster_resample(rng, real_groups, n)
+
+    vals = [_improvement(real, identity, draw())[0] for _ in range(reps)]
     floor = NormalDist().inv_cdf(1 - alpha)
     return float(max(np.quantile(vals, 1 - alpha), floor))
 
@@ -128,9 +142,19 @@ class SearchResult:
 
 
 def evaluate_search(checked: np.ndarray, real: np.ndarray, grid: np.ndarray, identity: int, alpha: float,
-                    rng: np.random.Generator, reps: int, boot_idx: np.ndarray) -> SearchResult:
+                    rng: np.random.Generator, reps: int, boot_idx, real_groups: np.ndarray | None = None,
+                    allowed: np.ndarray | None = None) -> SearchResult:
+    """checked (G, n) / real (G, m): J per candidate and block; boot_idx: bootstrap index arrays
+    over the checked blocks (whole episodes); real_groups (m,): the real blocks' episodes;
+    allowed (G,): the candidates the model can judge (the others are left out of the search, on
+    the checked and on the real side alike, so the null keeps the same selection effect)."""
+    if allowed is not None:
+        allowed = np.asarray(allowed, bool).copy()
+        allowed[identity] = True
+        checked = np.where(allowed[:, None], checked, np.inf)
+        real = np.where(allowed[:, None], real, np.inf)
     n = checked.shape[1]
-    thr = null_quantile(real, identity, n, alpha, rng, reps)
+    thr = null_quantile(real, identity, n, alpha, rng, reps, real_groups)
     t, best = _improvement(checked, identity)
     boots, ests = [], []
     for idx in boot_idx:
@@ -143,59 +167,94 @@ def evaluate_search(checked: np.ndarray, real: np.ndarray, grid: np.ndarray, ide
                         np.asarray(boots), curve)
 
 
-def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mean: np.ndarray,
-                      real_mean: np.ndarray, alpha: float, rng: np.random.Generator, reps: int,
-                      boot_idx: np.ndarray) -> dict:
-    """Sensor-noise evidence per channel from block residual statistics (n, D) vs real (m, D).
+def registered_delay(checked: np.ndarray, real: np.ndarray, delays: np.ndarray, boot_idx) -> tuple[int, tuple[float, float]]:
+    """The delay estimate by curve registration: the shift s for which the checked blocks' mean
+    one-step NLL over candidate delays, J_c(d), best matches the real blocks' curve shifted by s,
+    J_r(d - s) (least variance of their difference over the overlap, so a level offset does not
+    matter). Real data have no delay by definition, but a model's curve on them need not bottom
+    out exactly at 0 (it can be flat between -1 and 0), so the argmin of J_c alone is biased by the
+    model's own alignment; registration removes that. checked (Ld, n), real (Ld, m). Returns
+    (estimate, 90% episode-bootstrap interval)."""
+    rc = real.mean(1)
+    pos = {int(d): i for i, d in enumerate(delays)}
 
-    Rank-based, two-sided (a simulator can be too noisy or too clean, biased up or down): the
-    Mann-Whitney z of the blocks' log residual std and of their residual mean against real blocks,
-    over the critical value at alpha / (2 * 2 * D). Estimates: noise ratio sqrt(mean var_checked /
-    mean var_real) with a block-bootstrap interval, and the bias (difference of mean residuals).
+    def fit(curve) -> int:
+        best, best_v = 0, np.inf
+        for s in delays:
+            pairs = [(pos[int(d)], pos[int(d - s)]) for d in delays if int(d - s) in pos]
+            if len(pairs) < 3:
+                continue
+            diff = np.array([curve[i] - rc[j] for i, j in pairs])
+            v = float(diff.var())
+            if v < best_v - 1e-15 or (abs(v - best_v) <= 1e-15 and abs(s) < abs(best)):
+                best, best_v = int(s), v
+        return best
+
+    est = fit(checked.mean(1))
+    boots = [fit(checked[:, idx].mean(1)) for idx in boot_idx]
+    lo, hi = np.quantile(boots, [0.05, 0.95])
+    return est, (float(lo), float(hi))
+
+
+def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mean: np.ndarray,
+                      real_mean: np.ndarray, checked_ac1: np.ndarray, real_ac1: np.ndarray, alpha: float,
+                      rng: np.random.Generator, reps: int, boot_idx, groups: tuple[np.ndarray, np.ndarray]) -> dict:
+    """Sensor-noise and dynamics evidence per channel from the blocks' one-step residual statistics
+    (n, D) vs real blocks' (m, D): level (std), bias (mean) and colour (lag-1 autocorrelation).
+
+    The residual whiteness test of system identification separates the two: white noise added to
+    the observations makes the residuals larger and *whiter* (with a filtering model, even
+    negatively correlated), or, for a simulator cleaner than the sensor, smaller; a dynamics gap
+    makes them larger and *more coloured* (the error is a smooth function of the state, so it
+    persists from step to step).
+      sensor_noise  per channel: max(|z_level|, |z_bias|) over its critical value at alpha / (4 D)
+                    (two-sided, two statistics), except on channels whose residuals are both larger
+                    and significantly more coloured than reality's (those are dynamics);
+      dynamics      per channel: min(z_level, z_colour) over the one-sided critical value at alpha / D:
+                    larger AND more coloured residuals.
+    Every z is the clustered Mann-Whitney z (stats.clustered_z; groups = (checked, real) episode of
+    each block). Estimates: noise ratio sqrt(mean var_checked / mean var_real) with an
+    episode-bootstrap interval, and the bias (difference of mean residuals).
     """
     from statistics import NormalDist
 
-    from wmcheck.checks.stats import mann_whitney_z
+    from wmcheck.checks.stats import cluster_resample, clustered_z, icc_of_ranks
 
+    gx, gy = (np.asarray(g) for g in groups)
     D = checked_std.shape[1]
-    crit = NormalDist().inv_cdf(1 - alpha / (4 * D))
+    crit_sensor = NormalDist().inv_cdf(1 - alpha / (4 * D))
+    crit_dyn = NormalDist().inv_cdf(1 - alpha / D)
     log_real = np.log(np.maximum(real_std, 1e-12))
+    refs = {"level": log_real, "bias": real_mean, "colour": real_ac1}
+    rho = {k: [icc_of_ranks(v[:, d], gy) for d in range(D)] for k, v in refs.items()}
 
-    def evidence(std, mu):
-        ls = np.log(np.maximum(std, 1e-12))
-        z_ratio = np.array([abs(mann_whitney_z(ls[:, d], log_real[:, d])) for d in range(D)])
-        z_bias = np.array([abs(mann_whitney_z(mu[:, d], real_mean[:, d])) for d in range(D)])
-        return np.maximum(z_ratio, z_bias) / crit  # (D,)
+    def evidence(std, mu, ac1, g):
+        vals = {"level": np.log(np.maximum(std, 1e-12)), "bias": mu, "colour": ac1}
+        z = {k: np.array([clustered_z(vals[k][:, d], g, refs[k][:, d], gy, rho[k][d]) for d in range(D)]) for k in refs}
+        coloured = (z["level"] > 0) & (z["colour"] > crit_dyn)  # (D,)
+        sensor = np.where(coloured, 0.0, np.maximum(np.abs(z["level"]), np.abs(z["bias"])) / crit_sensor)
+        dynamics = np.minimum(z["level"], z["colour"]) / crit_dyn
+        return sensor, dynamics, coloured  # (D,) each
 
     def ratio(std, rstd):
         return np.sqrt(np.maximum((std**2).mean(0), 1e-12) / np.maximum((rstd**2).mean(0), 1e-12))
 
-    ev = evidence(checked_std, checked_mean)
+    ev, dyn, coloured = evidence(checked_std, checked_mean, checked_ac1, gx)
     m = real_std.shape[0]
-    boots, ratio_boot = [], []
+    boots, dyn_boots, ratio_boot = [], [], []
     for idx in boot_idx:
-        boots.append(evidence(checked_std[idx], checked_mean[idx]).max())
-        ratio_boot.append(ratio(checked_std[idx], real_std[rng.integers(0, m, size=m)]))
+        b_s, b_d, _ = evidence(checked_std[idx], checked_mean[idx], checked_ac1[idx], gx[idx])
+        boots.append(b_s.max())
+        dyn_boots.append(b_d.max())
+        ratio_boot.append(ratio(checked_std[idx], real_std[cluster_resample(rng, gy, m)]))
     ratio_boot = np.asarray(ratio_boot)
     return {
         "evidence_per_channel": ev, "evidence": float(ev.max()), "ratio": ratio(checked_std, real_std),
         "ratio_interval": (np.quantile(ratio_boot, 0.05, axis=0), np.quantile(ratio_boot, 0.95, axis=0)),
         "bias": checked_mean.mean(0) - real_mean.mean(0), "boot_evidence": np.asarray(boots),
+        "coloured": coloured, "dynamics_per_channel": dyn, "dynamics_evidence": float(dyn.max()),
+        "dynamics_boot_evidence": np.asarray(dyn_boots),
     }
-
-
-def excess_evidence(checked: np.ndarray, real: np.ndarray, alpha: float, rng: np.random.Generator, reps: int,
-                    boot_idx: np.ndarray) -> tuple[float, np.ndarray, float]:
-    """Evidence that block scores (n,) exceed real ones (m,), rank-based (open-loop errors are
-    heavy-tailed: a few chaotic blocks must not decide): the Mann-Whitney z over its one-sided
-    critical value at alpha. Returns (evidence, bootstrap evidence over checked blocks, z_crit)."""
-    from statistics import NormalDist
-
-    from wmcheck.checks.stats import mann_whitney_z
-
-    crit = NormalDist().inv_cdf(1 - alpha)
-    boots = np.asarray([mann_whitney_z(checked[idx], real) / crit for idx in boot_idx])
-    return mann_whitney_z(checked, real) / crit, boots, crit
 
 
 def separate_top(boot: dict[str, np.ndarray], present: list[str], level: float = 0.9) -> tuple[str, list[str]]:

@@ -1,13 +1,13 @@
 """Baselines for honest comparison: what a check without a latent world model would say.
 
 Owns two detectors that score checked episodes against held-out real episodes with the same
-block units and the same rank test as the checks:
-  - `mmd_baseline`: no model at all; a block-permutation MMD two-sample test on visited states
-    (observations with the controls that led there).
+block units and the same (episode-clustered) tests as the checks:
+  - `mmd_baseline`: no model at all; an MMD two-sample test on visited states (observations with
+    the controls that led there) whose permutations exchange whole episodes.
   - `OneStepEnsemble` / `MLPBaseline` / `mlp_baseline`: a one-step model without latent state, an ensemble of K
     small MLPs (bootstrap-trained) predicting obs_{t+1} - obs_t from (obs_t, a_t, e_t) in
     normalised units; each block's score is its mean squared one-step residual, compared with
-    held-out real blocks by a one-sided Mann-Whitney test.
+    held-out real blocks by the one-sided clustered Mann-Whitney test.
 Both return a p-value and a continuous score (higher = further from reality) so benchmarks can
 compute detection rates at alpha and AUROCs side by side with wmcheck's `summary.score`.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from wmcheck.checks.stats import block_mmd_test, mann_whitney_greater, rank_auc
+from wmcheck.checks.stats import block_mmd_test, clustered_mann_whitney, rank_auc
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
 
@@ -82,16 +82,21 @@ class MLPBaseline:
         self.norm, self.block = norm, block
         self.ensemble = OneStepEnsemble(norm.dims[0] + norm.dims[1] + norm.dims[2], norm.dims[0], members, seed=seed)
         self.ensemble.fit(_transitions(train, norm), steps=steps)
-        self.real = self.block_scores(real_heldout)
+        self.real, self.real_episode = self.block_scores(real_heldout)
 
-    def block_scores(self, eps: list[Episode]) -> np.ndarray:
-        """Mean squared one-step residual per block of `block` steps: (n_blocks,)."""
-        return np.array([b.mean() for x, y in _transitions(eps, self.norm)
-                         for b in _blocks(self.ensemble.residual(x, y), self.block)])
+    def block_scores(self, eps: list[Episode]) -> tuple[np.ndarray, np.ndarray]:
+        """Mean squared one-step residual per block of `block` steps and each block's episode
+        index: (n_blocks,), (n_blocks,)."""
+        scores, groups = [], []
+        for i, (x, y) in enumerate(_transitions(eps, self.norm)):
+            for b in _blocks(self.ensemble.residual(x, y), self.block):
+                scores.append(b.mean())
+                groups.append(i)
+        return np.array(scores), np.array(groups)
 
     def test(self, checked: list[Episode]) -> BaselineResult:
-        c = self.block_scores(checked)
-        return BaselineResult(mann_whitney_greater(c, self.real), rank_auc(c, self.real))
+        c, g = self.block_scores(checked)
+        return BaselineResult(clustered_mann_whitney(c, g, self.real, self.real_episode), rank_auc(c, self.real))
 
 
 def mlp_baseline(train: list[Episode], real_heldout: list[Episode], checked: list[Episode], norm: Normalizer,
@@ -104,14 +109,15 @@ def mmd_baseline(real_heldout: list[Episode], checked: list[Episode], norm: Norm
     rng = np.random.default_rng(seed)
 
     def states(eps):
-        out = []
-        for x, _ in _transitions(eps, norm):
+        out, groups = [], []
+        for i, (x, _) in enumerate(_transitions(eps, norm)):
             for b in _blocks(x, block):
                 out.append(b[np.linspace(0, len(b) - 1, per_block).round().astype(int)])
-        return out
+                groups.append(i)
+        return out, np.array(groups)
 
-    c, r = states(checked), states(real_heldout)
-    mmd, p = block_mmd_test(c, r, rng)
+    (c, gc), (r, gr) = states(checked), states(real_heldout)
+    mmd, p = block_mmd_test(c, r, rng, x_groups=gc, y_groups=gr)
     # continuous score: how far each checked block's mean state is from the real blocks', ranked
     cr = np.array([np.linalg.norm(b.mean(0) - np.mean([x.mean(0) for x in r], 0)) for b in c])
     rr = np.array([np.linalg.norm(b.mean(0) - np.mean([x.mean(0) for x in r], 0)) for b in r])

@@ -44,6 +44,29 @@ class Blocks:
             b.prev_input = prev_input.astype(np.float32)
         return Blocks(b, self.episode, self.start, self.context, dict(self.skipped))
 
+    def windows(self, horizon: int) -> tuple["Blocks", np.ndarray]:
+        """Short windows inside every block: `context` observed + `horizon` imagined steps, starting
+        every `horizon` steps (so their imagined parts tile the block), each aligned like a block
+        (`is_first` at column 0, from the model's initial state). Returns (windows, parent) with
+        parent (n_windows,) the index of each window's block."""
+        W = self.context + horizon
+        offsets = list(range(0, self.length - W + 1, horizon))
+        if not offsets:
+            raise ValueError(f"blocks of {self.length} steps are shorter than a window of {W}")
+        parts, parent, starts = [], [], []
+        for o in offsets:
+            part = self.batch.map(lambda x: x[:, o : o + W].copy())
+            if o > 0:  # a window inside an episode starts from the initial state, as every block does
+                part.is_first[:, 0] = True
+                part.prev_action[:, 0] = 0.0
+                part.prev_input[:, 0] = 0.0
+                part.reward[:, 0] = 0.0
+            parts.append(part)
+            parent.append(np.arange(len(self)))
+            starts.append(self.start + o)
+        parent = np.concatenate(parent)
+        return Blocks(Batch.concat(parts), self.episode[parent], np.concatenate(starts), self.context, dict(self.skipped)), parent
+
     def torch_chunks(self, chunk: int, device="cpu"):
         """Yield (slice, tensor Batch) chunks of at most `chunk` blocks."""
         for s in range(0, len(self), chunk):

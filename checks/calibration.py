@@ -29,7 +29,7 @@ from wmcheck.checks.attribution import SearchMatrices, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import SCORES, CheckConfig
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
-from wmcheck.checks.stats import mann_whitney_greater
+from wmcheck.checks.stats import clustered_mann_whitney, mann_whitney_greater
 from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
@@ -38,7 +38,7 @@ from wmcheck.scripts.atomic import atomic_path, write_text_atomic
 from wmcheck.scripts.errors import UserError
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 
-CALIBRATION_VERSION = 2  # 2: per-step open-loop errors and the held-out steps' controls (regimes)
+CALIBRATION_VERSION = 3  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests)
 POWER_SIZES = {
     "latency": (1, 2, 3, 4),  # steps the commands are delayed by
     "actuator": (1.1, 1.25, 1.5, 2.0),  # gain on every command channel
@@ -59,12 +59,18 @@ class Calibration:
     support_scale: float
     power: dict  # gap -> {"sizes", "units", "scores": {size: {score: (nB,)}}, "null": {score: (nA,)}}
     real_controls: np.ndarray | None = None  # (n, H, A + E) operating conditions of the held-out steps (regimes)
+    real_episode: np.ndarray | None = None  # (n,) held-out episode id of every real block (the clusters)
 
     def save(self, run_dir: Path) -> None:
         arrays = {**self.real.to_arrays("real_"), **self.real_search.to_arrays("realJ_"),
                   "support_ref": self.support_ref.astype(np.float32), "real_states": self.real_states}
         if self.real_controls is not None:
             arrays["real_controls"] = self.real_controls
+        if self.real_episode is not None:
+            arrays["real_episode"] = self.real_episode
+        for key in ("null_episode", "control_episode"):
+            if self.power.get(key) is not None:
+                arrays[f"power_{key}"] = self.power[key]
         for score in SCORES:
             arrays[f"power_null_{score}"] = self.power["null"][score]
             if self.power.get("control"):
@@ -94,20 +100,27 @@ class Calibration:
         power = {"null": {s: arrays[f"power_null_{s}"] for s in SCORES}, "gaps": {}}
         if all(f"power_control_{s}" in arrays for s in SCORES):
             power["control"] = {s: arrays[f"power_control_{s}"] for s in SCORES}
+        for key in ("null_episode", "control_episode"):
+            power[key] = arrays.get(f"power_{key}")
         for gap, e in meta["power"].items():
             power["gaps"][gap] = {"sizes": e["sizes"], "units": e["units"],
                                   "scores": [{s: arrays[f"power_{gap}_{i}_{s}"] for s in SCORES} for i in range(len(e["sizes"]))]}
         return cls(CheckConfig.from_dict(meta["config"]), meta["info"], BlockScores.from_arrays(arrays, "real_"),
                    SearchMatrices.from_arrays(arrays, "realJ_"), arrays["real_states"], arrays["support_ref"], float(meta["support_scale"]), power,
-                   arrays.get("real_controls"))
+                   arrays.get("real_controls"), arrays.get("real_episode"))
 
 
 def pooled_detect(checked: dict[str, np.ndarray], null: dict[str, np.ndarray], alpha: float,
-                  rng: np.random.Generator | None = None, permutations: int = 20000) -> tuple[bool, dict[str, float]]:
-    """The pooled test of a check: any score's one-sided Mann-Whitney p < alpha / (2 * #scores).
+                  rng: np.random.Generator | None = None, permutations: int = 20000,
+                  checked_episode: np.ndarray | None = None, null_episode: np.ndarray | None = None) -> tuple[bool, dict[str, float]]:
+    """The pooled test of a check: any score's one-sided Mann-Whitney p < alpha / (2 * #scores),
+    clustered by episode when the episode labels are given (as in a check).
     `permutations`: Monte-Carlo size of the exact test on small samples (the power table, which
     runs this hundreds of times, uses fewer: its p-values only need to resolve alpha / 6)."""
-    ps = {s: mann_whitney_greater(checked[s], null[s], rng, permutations) for s in SCORES}
+    if checked_episode is None or null_episode is None:
+        ps = {s: mann_whitney_greater(checked[s], null[s], rng, permutations) for s in SCORES}
+    else:
+        ps = {s: clustered_mann_whitney(checked[s], checked_episode, null[s], null_episode, rng, permutations) for s in SCORES}
     return any(p < alpha / (2 * len(SCORES)) for p in ps.values()), ps
 
 
@@ -116,20 +129,31 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
     size detected with probability >= target.
 
     Each replicate draws min(n_blocks, available) injected blocks WITHOUT replacement (drawing more
-    blocks than exist, with replacement, would replicate the same blocks and inflate the power).
+    blocks than exist, with replacement, would replicate the same blocks and inflate the power), as
+    whole episodes in random order (the last one cut), and tests them clustered by episode, as a
+    check does.
     The same draw on the uninjected half B is the control: its detection rate is what the procedure
     reports for no gap at all. Above alpha the sizes are optimistic (the report says so); at or above
     the target the held-out episodes differ among themselves (e.g. seasons) as much as an injected
     gap would make them, so the power is reported as unreliable and no smallest size is claimed."""
     rng = np.random.default_rng(seed)
 
+    ep_b, ep_a = cal.power.get("control_episode"), cal.power.get("null_episode")
+
+    def draw(nB: int, n: int) -> np.ndarray:
+        if ep_b is None:
+            return rng.choice(nB, size=n, replace=False)
+        order = rng.permutation(np.unique(ep_b))
+        return np.concatenate([np.flatnonzero(ep_b == e) for e in order])[:n]
+
     def rate(scores) -> tuple[float, int]:
         nB = len(scores[SCORES[0]])
         n = max(1, min(n_blocks, nB))
         hits = 0
         for _ in range(reps):
-            idx = rng.choice(nB, size=n, replace=False)
-            hits += pooled_detect({s: scores[s][idx] for s in SCORES}, cal.power["null"], alpha, rng, permutations=2000)[0]
+            idx = draw(nB, n)
+            hits += pooled_detect({s: scores[s][idx] for s in SCORES}, cal.power["null"], alpha, rng, permutations=2000,
+                                  checked_episode=None if ep_b is None else ep_b[idx], null_episode=ep_a)[0]
         return hits / reps, n
 
     control = cal.power.get("control")
@@ -204,24 +228,29 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     real = score_blocks(model, blocks, cfg.samples, ref, scale, seed=cfg.seed)
     say("  attribution searches on real blocks (the null of every search)")
     real_search = search_matrices(model, held, norm, cfg, norm.std["action"].astype(float))
-    # Power: halves of the held-out episodes (A: null, B: injected).
+    # Power: halves of the held-out episodes (A: null, B: injected; B uninjected is the control).
+    # Both halves are subsets of the real blocks scored above (same episodes, same cuts).
     say("  power: injecting gaps of graded size into held-out episodes")
     half_a, half_b = held[0::2], held[1::2]
     power = {"null": {}, "gaps": {}}
     if half_a and half_b:
-        null = score_blocks(model, make_blocks(half_a, norm, cfg.context, cfg.horizon), cfg.samples, seed=cfg.seed)
+        in_a = np.isin(blocks.episode, [e.id for e in half_a])
+        null, control = real.subset(np.flatnonzero(in_a)), real.subset(np.flatnonzero(~in_a))
         power["null"] = {s: getattr(null, s) for s in SCORES}
-        control = score_blocks(model, make_blocks(half_b, norm, cfg.context, cfg.horizon), cfg.samples, seed=cfg.seed)
         power["control"] = {s: getattr(control, s) for s in SCORES}
+        power["null_episode"], power["control_episode"] = blocks.episode[in_a], blocks.episode[~in_a]
         for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
             entries = []
             for size in sizes:
                 inj = _inject(gap, size, half_b, norm, np.random.default_rng([cfg.seed, g]))
-                sc = score_blocks(model, make_blocks(inj, norm, cfg.context, cfg.horizon), cfg.samples, seed=cfg.seed)
+                inj_blocks = make_blocks(inj, norm, cfg.context, cfg.horizon)
+                assert np.array_equal(inj_blocks.episode, power["control_episode"]), "injection changed the block layout"
+                sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed)
                 entries.append({s: getattr(sc, s) for s in SCORES})
             power["gaps"][gap] = {"sizes": sizes, "units": POWER_UNITS[gap], "scores": entries}
     else:
         power["null"] = {s: getattr(real, s) for s in SCORES}
+        power["null_episode"] = blocks.episode
     reward_err, reward_std = reward_resolution(model, blocks)
     info = {"log": str(log_path), "log_sha256": data_hash, "model_sha256": bundle.file_hash,
             "reward_abs_error_per_step": reward_err, "reward_std_real": reward_std,
@@ -231,7 +260,8 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     if len(blocks) < 20:
         info["warning"] = (f"only {len(blocks)} held-out blocks: thresholds and power are coarse; "
                            "hold out more real episodes for sharper checks")
-    cal = Calibration(cfg, info, real, real_search, block_states(blocks), ref, scale, power, block_controls(blocks))
+    cal = Calibration(cfg, info, real, real_search, block_states(blocks), ref, scale, power, block_controls(blocks),
+                      blocks.episode)
     cal.save(run_dir)
     if model.cfg.image_keys:  # the visual gap's real-vs-real null (checks/visual.py)
         from wmcheck.checks.visual import calibrate_visual

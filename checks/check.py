@@ -5,11 +5,22 @@ Owns the verdict logic (see product.md):
     support exceeds the (1 - competence_alpha) quantile of held-out real steps' distances, or its
     ensemble disagreement has a conformal p-value below competence_alpha;
   - an episode is `unverifiable` when any of its blocks is outside competence or its blocks'
-    support/disagreement are significantly above real ones (Mann-Whitney, alpha / (2 * episodes)),
-    unless its competent blocks already show it divergent; unverifiable is never a pass;
+    support/disagreement are significantly above a new real episode's (the random-effects
+    prediction test stats.episode_outlier_p, alpha / (2 * episodes)), unless its competent blocks
+    already show it divergent; unverifiable is never a pass;
   - an episode is `divergent` when, on its competent blocks, any score (open-loop divergence,
-    one-step NLL, KL surprise) is significantly above real ones at alpha / (2 * 3 * episodes);
-  - the run additionally gets a pooled test over all competent blocks at alpha / (2 * 3).
+    one-step NLL, KL surprise) is significantly above a new real episode's (the same prediction
+    test) at alpha / (2 * 3 * episodes);
+  - the run additionally gets a pooled test over all competent blocks at alpha / (2 * 3);
+  - a gap the attribution tests find present (latency, actuator, sensor_noise, dynamics) fails the
+    run too, unless the gate tolerates it: the verdict never says `pass` next to a red gap row.
+  The false-alarm budget alpha is split in half: alpha / 2 for the divergence tests above (the
+  per-episode and pooled levels use alpha / 2 in place of alpha) and alpha / 2 for the four gap
+  tests (alpha / 8 each).
+  Blocks of one episode are dependent: an episode is tested as one unit against the real
+  episodes, and the pooled rank test is the clustered one (stats.clustered_mann_whitney: variance
+  inflated by the design effect of the episodes, with the rank intra-class correlation of the
+  held-out real episodes, Student-t tail).
   The union bound keeps the false-alarm rate of a faithful run at or below alpha; a model with
   cameras adds the visual test (checks/visual.py) at alpha, so its bound is 2 alpha.
 Then attribution (attribution.py), the distribution test, the power table, and the report.
@@ -32,8 +43,9 @@ from wmcheck.checks.config import COMPETENCE, SCORES, Gate
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import latent_features, score_blocks
-from wmcheck.checks.stats import block_mmd_test, conformal_p, mann_whitney_greater, rank_auc
-from wmcheck.checks.transforms import actuator, shift_actions
+from wmcheck.checks.stats import (block_mmd_test, cluster_bootstrap, clustered_mann_whitney, conformal_p, episode_outlier_p,
+                                  rank_auc)
+from wmcheck.checks.transforms import actuator_correction, shift_actions
 from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
@@ -96,6 +108,13 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     sc = score_blocks(model, blocks, cfg.samples, cal.support_ref, cal.support_scale, seed=seed)
     real = cal.real
     rng = np.random.default_rng(seed)
+    real_ep = cal.real_episode  # (m,) the clusters of the real blocks
+
+    def test(x_idx, s):  # clustered one-sided rank test of checked blocks x_idx against real blocks, score s
+        return clustered_mann_whitney(getattr(sc, s)[x_idx], blocks.episode[x_idx], getattr(real, s), real_ep, rng)
+
+    def episode_test(x_idx, s):  # one episode against new real episodes (random-effects prediction test)
+        return episode_outlier_p(getattr(sc, s)[x_idx], getattr(real, s), real_ep, log=(s != "nll"))
 
     # ---- competence per block
     # Support: the calibrated bound is the (1 - competence_alpha) quantile of held-out real steps'
@@ -112,7 +131,8 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     # ---- per-episode verdicts
     ep_ids = [e.id for e in checked_eps]
     n_ep = len(ep_ids)
-    a_ep = alpha / (2 * len(SCORES) * n_ep)
+    a_div = alpha / 2  # the divergence tests' half of the budget; the gap tests get the other half
+    a_ep = a_div / (2 * len(SCORES) * n_ep)
     a_comp = alpha / (2 * n_ep)
     div_q = np.quantile(real.div_curve, 1 - alpha, axis=0)  # (H,) per-horizon threshold for the onset
     ep_entries = []
@@ -124,10 +144,8 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     for ep in checked_eps:
         idx = np.flatnonzero(blocks.episode == ep.id)
         cidx = idx[competent[idx]]
-        comp_p = {s: mann_whitney_greater(getattr(sc, s)[idx], getattr(real, s), rng) for s in COMPETENCE
-                  if getattr(real, s).max() > 0 or s == "support"}
-        div_p = {s: (mann_whitney_greater(getattr(sc, s)[cidx], getattr(real, s), rng) if len(cidx) else float("nan"))
-                 for s in SCORES}
+        comp_p = {s: episode_test(idx, s) for s in COMPETENCE if getattr(real, s).max() > 0 or s == "support"}
+        div_p = {s: (episode_test(cidx, s) if len(cidx) else float("nan")) for s in SCORES}
         # Divergent where the model is competent; otherwise any block beyond the competence bounds
         # (or a significant shift of the episode's support / disagreement) makes it unverifiable.
         unverifiable = any(p < a_comp for p in comp_p.values()) or len(cidx) < len(idx)
@@ -153,16 +171,16 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
 
     # ---- pooled test over competent blocks
     comp_idx = np.flatnonzero(competent)
-    pooled_p = {s: (mann_whitney_greater(getattr(sc, s)[comp_idx], getattr(real, s), rng) if len(comp_idx) else float("nan"))
-                for s in SCORES}
-    pooled_reject = any(p < alpha / (2 * len(SCORES)) for p in pooled_p.values() if not math.isnan(p))
+    pooled_p = {s: (test(comp_idx, s) if len(comp_idx) else float("nan")) for s in SCORES}
+    pooled_reject = any(p < a_div / (2 * len(SCORES)) for p in pooled_p.values() if not math.isnan(p))
 
     # ---- attribution on competent blocks
-    gaps, top_gap, confounded = _attribute(model, norm, cal, sc, checked_eps, blocks, comp_idx, alpha, gate, meta, rng, seed)
+    gaps, top_gap, confounded = _attribute(model, norm, cal, sc, checked_eps, blocks, comp_idx, alpha - a_div, gate, meta, rng, seed)
     gaps["visual"] = _visual(model, run_dir, checked_eps, alpha, clip_model, gate.tolerances.get("visual"))
 
     # ---- distribution
-    mmd, p_mmd = block_mmd_test(list(block_states(blocks)), list(cal.real_states), rng)
+    mmd, p_mmd = block_mmd_test(list(block_states(blocks)), list(cal.real_states), rng,
+                                x_groups=blocks.episode, y_groups=real_ep)
     dist_ev = (alpha / max(p_mmd, 1e-12))
     min_cov = gate.tolerances.get("distribution", {}).get("min_coverage")
     dist_present = p_mmd < alpha or (min_cov is not None and coverage < min_cov)
@@ -172,7 +190,8 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
                      "outside_competence_fraction": round(float(1 - competent.mean()), 4)},
         "ci": None,
         "explanation": (f"{coverage:.0%} of checked steps lie inside the real data's support "
-                        f"(latent distance within the 99% range of held-out real steps); block MMD two-sample p = {p_mmd:.3g}"),
+                        f"(latent distance within the 99% range of held-out real steps); MMD two-sample test of the visited "
+                        f"states, permuting whole episodes: p = {p_mmd:.3g}"),
     }
     if top_gap == "none" and not confounded and dist_present and not pooled_reject:
         top_gap = "distribution"
@@ -183,11 +202,17 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     visual_present = gaps["visual"]["verdict"] == "present"
     if top_gap == "none" and not confounded and visual_present:
         top_gap = "visual"
-    failing = n_div > 0 or pooled_reject or visual_present
+    gap_present = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] == "present"]
+    # The residual tests (sensor_noise, dynamics) compare residual levels with the real blocks',
+    # which depend on the states visited: when the visited states differ too (distribution), a
+    # residual difference alone cannot be told from the shift, so it makes the run unverifiable,
+    # not failed. The searches (latency, actuator) are paired on the checked blocks themselves.
+    shift_confounded = [g for g in gap_present if g in ("sensor_noise", "dynamics")] if dist_present else []
+    failing = n_div > 0 or pooled_reject or visual_present or any(g not in shift_confounded for g in gap_present)
     tolerated = failing and _all_tolerated(gaps)
     if failing and not tolerated:
         verdict = "fail"
-    elif n_unv > 0:
+    elif n_unv > 0 or shift_confounded:
         verdict = "unverifiable"
     else:
         verdict = "pass"
@@ -204,7 +229,8 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             verdict = "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and gate.allow_unverifiable) else 1
     score = max(rank_auc(getattr(sc, s)[comp_idx if len(comp_idx) else slice(None)], getattr(real, s)) for s in SCORES)
-    power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=seed)
+    # the power table simulates the pooled divergence test, at its level (the gap tests can only add detections)
+    power = power_table(cal, max(len(comp_idx), 1), a_div, cfg.power_target, seed=seed)
     dt = meta.dt or bundle.channels.get("dt")
     report = {
         "report_version": REPORT_VERSION,
@@ -219,7 +245,8 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             "blocks": int(len(blocks)), "competent_blocks": int(len(comp_idx)),
             "pooled_p_values": {k: _r(v) for k, v in pooled_p.items()},
             "alpha": alpha, "tolerated_by_gate": bool(tolerated),
-            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol, main_verdict, alpha),
+            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol, main_verdict, a_div,
+                                shift_confounded),
         },
         "episodes": ep_entries,
         "gaps": gaps,
@@ -230,10 +257,11 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         },
         "channels": _channels(sc, real, bundle.channels, comp_idx),
         "regimes": _regimes(sc, blocks, competent, cal, norm, bundle.channels, meta, alpha, seed),
-        "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "alpha": alpha, "gaps": power},
+        "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "alpha": a_div, "gaps": power},
         "thresholds": {"source": gate.source if gate.source != "defaults" else "calibration",
                        "alpha": alpha, "competence_alpha": comp_alpha, "support_bound": support_bound, "episode_alpha": a_ep,
-                       "pooled_alpha": alpha / (2 * len(SCORES)), "calibration_blocks": int(len(real.divergence)),
+                       "pooled_alpha": a_div / (2 * len(SCORES)), "gap_alpha": (alpha - a_div) / 4,
+                       "calibration_blocks": int(len(real.divergence)),
                        "calibration_warning": cal.info.get("warning")},
         "provenance": {
             "wmcheck_version": _version(), "command": command or " ".join(sys.argv),
@@ -283,34 +311,52 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
         return gaps, "none", []
     astd = norm.std["action"].astype(float)
     chk = attr.search_matrices(model, eps, norm, cfg, astd)
-    boot_idx = rng.integers(0, len(comp_idx), size=(cfg.bootstrap, len(comp_idx)))
+    ck_ep, real_ep = blocks.episode[comp_idx], cal.real_episode  # the clusters: episodes
+    boot_idx = cluster_bootstrap(rng, ck_ep, cfg.bootstrap)  # resample checked episodes, not blocks
     reps = cfg.bootstrap
     dt = meta.dt
     alpha = alpha / 4  # Bonferroni over the four dynamics-family gap tests (latency, actuator, sensor, dynamics)
     # latency
     delays = chk.delays
     lat = attr.evaluate_search(chk.latency[:, comp_idx], cal.real_search.latency, delays, int(np.flatnonzero(delays == 0)[0]),
-                               alpha, rng, reps, boot_idx)
-    d_best = int(delays[lat.best])
+                               alpha, rng, reps, boot_idx, real_ep)
+    d_best, d_ci = attr.registered_delay(chk.latency[:, comp_idx], cal.real_search.latency, delays, boot_idx)
     tol = gate.tolerances.get("latency", {}).get("max_steps")
     gaps["latency"] = _gap(lat.evidence, {"steps": d_best, "seconds": (d_best * dt if dt else None),
                                           "direction": f"the simulator lacks ~{d_best} step(s) of latency (responds earlier than reality)" if d_best > 0 else
                                           (f"the simulator has ~{-d_best} step(s) too much latency (responds later than reality)" if d_best < 0 else "none")},
-                           list(lat.interval), tolerated=(tol is not None and abs(d_best) <= tol),
-                           explanation=f"shifting the checked commands by {d_best} step(s) lowers the one-step NLL by "
+                           list(d_ci), tolerated=(tol is not None and abs(d_best) <= tol),
+                           explanation=f"shifting the checked commands by {int(delays[lat.best])} step(s) lowers the one-step NLL by "
                                        f"{lat.improvement:.3g} (paired t = {lat.evidence * lat.threshold:.3g}; "
-                                       f"the same search on real blocks stays below {lat.threshold:.3g})",
-                           curve={"delays": delays.tolist(), "mean_log_score": _rl(lat.curve)})
-    # actuator: one factor at a time per channel; Bonferroni over the searches
+                                       f"the same search on real blocks stays below {lat.threshold:.3g}); the checked NLL curve "
+                                       f"over delays is the real blocks' curve shifted by {d_best} step(s)",
+                           curve={"delays": delays.tolist(), "mean_log_score": _rl(lat.curve),
+                                  "real_mean_log_score": _rl(cal.real_search.latency.mean(1))})
+    # actuator: one factor at a time per channel, on the commands with the latency found already
+    # corrected (a delay looks partly like a weaker gain); Bonferroni over the searches
+    # The model knows reality only inside the training logs' command range: a candidate that moves
+    # more of a channel's commands outside it than the checked commands already are (and more than
+    # competence_alpha) cannot be judged, and is left out of the search (a physics gap could
+    # otherwise masquerade as a correction the model only extrapolates to).
+    act_eps = eps
+    if gaps["latency"]["verdict"] in ("present", "tolerated") and d_best != 0:
+        act_eps = [shift_actions(e, d_best) for e in eps]
+        chk = attr.search_matrices(model, eps, norm, cfg, astd, latency=False, actuator_episodes=act_eps)
     names = norm.names["action"]
     n_search = max(1, len(chk.actuator))
-    results = {}
+    results, untested = {}, {}
     for key, mat in chk.actuator.items():
         kind, c = key.split(":")
         grid = chk.act_values[kind]
         ident = int(np.flatnonzero(grid == (1.0 if kind == "gain" else 0.0))[0])
+        unit = 1.0 if kind == "gain" else float(astd[int(c)])
+        share = np.array([_outside_training(norm, [actuator_correction(e, int(c), kind, v * unit) for e in act_eps], int(c))
+                          for v in grid])  # (G,)
+        allowed = share <= max(share[ident], cfg.competence_alpha)
+        if not allowed.all():
+            untested.setdefault(names[int(c)], {})[kind] = [float(v * unit) for v in grid[~allowed]]
         results[key] = attr.evaluate_search(mat[:, comp_idx], cal.real_search.actuator[key], grid, ident,
-                                            alpha / n_search, rng, reps, boot_idx)
+                                            alpha / n_search, rng, reps, boot_idx, real_ep, allowed)
     if results:
         # The gap's evidence is the strongest search; its estimate is the significant correction
         # that explains the most (largest mean log-score gain), since gain, offset and deadband
@@ -333,15 +379,18 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
         tol_off = gate.tolerances.get("actuator", {}).get("max_offset")
         tolerated = (kind == "gain" and tol_gain is not None and abs(value - 1) <= tol_gain) or \
                     (kind == "offset" and tol_off is not None and abs(value * scale) <= tol_off)
-        # The model knows reality only inside the training command range: say how much of the
-        # corrected commands it had to judge by extrapolation.
-        kw = {"gain": dict(gain=value), "offset": dict(offset=value * scale), "deadband": dict(band=value * scale)}[kind]
-        extrap = _outside_training(norm, [actuator(e, int(c), **kw) for e in eps], int(c))
-        caution = (f"; caution: the correction moves {extrap:.0%} of the {names[int(c)]} commands outside the training "
-                   f"logs' range, where the model extrapolates (a physics gap can masquerade as this correction)"
-                   if extrap > cfg.competence_alpha else "")
+        # Share of the corrected commands outside the training range (at most what the checked
+        # commands already had, or competence_alpha: larger corrections were not tested).
+        extrap = _outside_training(norm, [actuator_correction(e, int(c), kind, value * scale) for e in act_eps], int(c))
+        caution = (f"; caution: {extrap:.0%} of the corrected {names[int(c)]} commands lie outside the training logs' "
+                   f"range, where the model extrapolates" if extrap > cfg.competence_alpha else "")
+        if untested:
+            caution += ("; not tested, because they would move commands outside the training logs' range where the model "
+                        "cannot judge them: " + "; ".join(f"{k} {', '.join(f'{v:.3g}' for v in vs)} on {ch}"
+                                                         for ch, kinds in untested.items() for k, vs in kinds.items()))
         gaps["actuator"] = _gap(evidence, {"channel": names[int(c)], "kind": kind, "value": value * scale,
-                                             "per_channel": per_channel, "extrapolated_share": round(extrap, 4)},
+                                             "per_channel": per_channel, "extrapolated_share": round(extrap, 4),
+                                             "untested": untested},
                                 [r.interval[0] * scale, r.interval[1] * scale], tolerated=tolerated,
                                 explanation=f"{kind} {value * scale:.3g} on {names[int(c)]} lowers the predictive log-score by {r.improvement:.3g} "
                                             f"(paired t = {r.evidence * r.threshold:.3g}; real blocks stay below {r.threshold:.3g}){caution}")
@@ -358,14 +407,13 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
     if gaps["actuator"]["verdict"] in ("present", "tolerated"):
         est = gaps["actuator"]["estimate"]
         c = names.index(est["channel"])
-        kw = {"gain": dict(gain=est["value"]), "offset": dict(offset=est["value"]), "deadband": dict(band=est["value"])}[est["kind"]]
-        corrected = [actuator(e, c, **kw) for e in corrected]
+        corrected = [actuator_correction(e, c, est["kind"], est["value"]) for e in corrected]
         applied.append(f"{est['kind']} {est['value']:.3g} on {est['channel']}")
     sc_corr = sc if not applied else score_blocks(model, make_blocks(corrected, norm, cfg.context, cfg.horizon), cfg.samples,
                                                   cal.support_ref, cal.support_scale, seed=seed)
-    # sensor noise
+    # sensor noise and dynamics: the residual level / bias / whiteness tests (attribution.residual_evidence)
     sens = attr.residual_evidence(sc_corr.resid_std[comp_idx], cal.real.resid_std, sc_corr.resid_mean[comp_idx], cal.real.resid_mean,
-                                  alpha, rng, reps, boot_idx)
+                                  sc_corr.resid_ac1[comp_idx], cal.real.resid_ac1, alpha, rng, reps, boot_idx, (ck_ep, real_ep))
     obs_names = norm.names["obs"]
     std_obs = norm.std["obs"].astype(float)
     ac1_c, ac1_r = sc_corr.resid_ac1[comp_idx].mean(0), cal.real.resid_ac1.mean(0)
@@ -373,6 +421,7 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
     tol = gate.tolerances.get("sensor_noise", {})
     ratio = float(sens["ratio"][worst])
     tolerated = ("max_ratio" in tol and max(ratio, 1 / max(ratio, 1e-9)) <= tol["max_ratio"])
+    coloured = [obs_names[d] for d in np.flatnonzero(sens["coloured"])]
     gaps["sensor_noise"] = _gap(sens["evidence"], {
         "channel": obs_names[worst], "noise_ratio": ratio, "bias": float(sens["bias"][worst] * std_obs[worst]),
         "per_channel": {obs_names[d]: {"noise_ratio": float(sens["ratio"][d]),
@@ -383,28 +432,29 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
         [float(sens["ratio_interval"][0][worst]), float(sens["ratio_interval"][1][worst])], tolerated=tolerated,
         explanation=f"one-step residuals of {obs_names[worst]}: noise level {ratio:.2f}x reality's, bias "
                     f"{sens['bias'][worst] * std_obs[worst]:.3g}; lag-1 autocorrelation {ac1_c[worst]:.2f} (real {ac1_r[worst]:.2f}: "
-                    f"{'whiter' if ac1_c[worst] < ac1_r[worst] else 'more coloured'} than reality)")
-    # dynamics: late-horizon divergence after the corrections
-    # Residual *growth* over the horizon (late minus early standardised error): dynamics gaps grow
-    # with the horizon, while white sensor noise adds about the same at every horizon.
-    H = sc.div_curve.shape[1]
-
-    def growth(curve):
-        return curve[:, H // 2 :].mean(1) - curve[:, : max(1, H // 4)].mean(1)
-
-    dyn_ev, dyn_boot, dyn_thr = attr.excess_evidence(growth(sc_corr.div_curve[comp_idx]), growth(cal.real.div_curve),
-                                                     alpha, rng, reps, boot_idx)
+                    f"{'whiter' if ac1_c[worst] < ac1_r[worst] else 'more coloured'} than reality)"
+                    + (f"; not counted on {', '.join(coloured)}, whose larger residuals are more coloured than reality's "
+                       f"(dynamics, not sensor noise)" if coloured else ""))
+    # dynamics: what the corrections leave, as larger and more coloured residuals; the open-loop
+    # error ratio per channel and per horizon says where and how fast it grows.
+    dw = int(np.argmax(sens["dynamics_per_channel"]))
     per_ch = sc_corr.div_channel[comp_idx].mean(0) / np.maximum(cal.real.div_channel.mean(0), 1e-9)
-    gaps["dynamics"] = _gap(dyn_ev, {"error_growth_checked": float(np.median(growth(sc_corr.div_curve[comp_idx]))),
-                                     "error_growth_real": float(np.median(growth(cal.real.div_curve))),
-                                     "per_channel_ratio": {obs_names[d]: round(float(per_ch[d]), 3) for d in range(len(obs_names))},
-                                     "after_corrections": applied,
-                                     "per_horizon_ratio": _rl(sc_corr.div_curve[comp_idx].mean(0) / np.maximum(cal.real.div_curve.mean(0), 1e-9))},
-                            None, explanation=f"growth of the standardised open-loop error from horizon steps 1-{max(1, H // 4)} to "
-                                              f"{H // 2 + 1}-{H} after {', '.join(applied) or 'no correction'}: median "
-                                              f"{np.median(growth(sc_corr.div_curve[comp_idx])):.3g} vs real {np.median(growth(cal.real.div_curve)):.3g} "
-                                              f"(rank test z = {dyn_ev * dyn_thr:.2f}, critical {dyn_thr:.2f})")
-    boot = {"latency": lat.boot_evidence, "actuator": act_boot, "sensor_noise": sens["boot_evidence"], "dynamics": dyn_boot}
+    per_h = sc_corr.div_curve[comp_idx].mean(0) / np.maximum(cal.real.div_curve.mean(0), 1e-9)
+    H = len(per_h)
+    gaps["dynamics"] = _gap(sens["dynamics_evidence"], {
+        "channel": obs_names[dw], "residual_ratio": float(sens["ratio"][dw]),
+        "residual_ac1": float(ac1_c[dw]), "real_residual_ac1": float(ac1_r[dw]),
+        "per_channel_ratio": {obs_names[d]: round(float(per_ch[d]), 3) for d in range(len(obs_names))},
+        "after_corrections": applied, "per_horizon_ratio": _rl(per_h)},
+        None, explanation=f"after {', '.join(applied) or 'no correction'}, one-step residuals of {obs_names[dw]} are "
+                          f"{sens['ratio'][dw]:.2f}x reality's and {'more' if ac1_c[dw] > ac1_r[dw] else 'less'} coloured (lag-1 "
+                          f"autocorrelation {ac1_c[dw]:.2f} vs real {ac1_r[dw]:.2f})"
+                          + (": an error that persists from step to step is physics, not sensor noise"
+                             if sens["dynamics_evidence"] >= 1 else ": not both significantly")
+                          + f"; open-loop error vs reality's: x{per_h[: max(1, H // 4)].mean():.2g} over "
+                          f"horizon steps 1-{max(1, H // 4)}, x{per_h[H // 2 :].mean():.2g} over {H // 2 + 1}-{H}")
+    boot = {"latency": lat.boot_evidence, "actuator": act_boot, "sensor_noise": sens["boot_evidence"],
+            "dynamics": sens["dynamics_boot_evidence"]}
     present = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] in ("present", "tolerated")]
     top, confounded = attr.separate_top(boot, present)
     for g in confounded:
@@ -437,10 +487,11 @@ def _all_tolerated(gaps: dict) -> bool:
 
 
 def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol=None, main_verdict=None,
-             alpha: float = 0.05) -> str:
+             alpha: float = 0.05, shift_confounded=()) -> str:
     if pol is not None and not pol["gate"]["passed"]:
         head = "FAIL: the policy gate is not met: " + "; ".join(pol["gate"]["reasons"]) + "."
-        rest = _message(main_verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, alpha=alpha)
+        rest = _message(main_verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, alpha=alpha,
+                        shift_confounded=shift_confounded)
         return head + " " + (rest if main_verdict == "fail" else "Consistency check: " + rest)
     parts = []
     if verdict == "pass":
@@ -463,10 +514,18 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
         parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
     elif verdict == "fail" and gaps["visual"]["verdict"] == "present":
         parts.append("FAIL: the checked camera frames differ from the real camera's (visual gap).")
+    elif verdict == "fail" and any(gaps[g]["verdict"] == "present" for g in ("latency", "actuator", "sensor_noise", "dynamics")):
+        found = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] == "present"]
+        parts.append(f"FAIL: the gap tests find {', '.join(found)} (no single episode and not the pooled divergence test "
+                     f"flags it: the gap is small but systematic).")
     elif verdict == "fail":
         parts.append("FAIL: the pooled test over all blocks finds the checked episodes worse than reality.")
-    else:
+    elif n_unv:
         parts.append(f"UNVERIFIABLE: {n_unv} of {n_ep} episode(s) visit states where the model is not competent; this is not a pass.")
+    else:
+        parts.append(f"UNVERIFIABLE: the residual tests find {', '.join(shift_confounded)}, but the checked episodes visit "
+                     f"states in other proportions than the real logs (distribution gap), and residuals differ between "
+                     f"states anyway; this is not a pass: collect real logs in the states the simulator visits.")
     if top != "none":
         e = gaps[top]
         parts.append(f"Top gap: {top} ({e['explanation']}).")
@@ -505,7 +564,8 @@ def _regimes(sc, blocks, competent, cal, norm, channels, meta, alpha, seed) -> d
         train_range = np.stack([np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])], 1)  # (K, 2)
     return find_regimes(sc.z_steps, sc.err_steps * std, physical(block_controls(blocks)), competent,
                         real.z_steps, real.err_steps * std, physical(cal.real_controls), names,
-                        list(channels.get("observation_names", [])), units, alpha, seed=seed, training_range=train_range)
+                        list(channels.get("observation_names", [])), units, alpha, seed=seed, training_range=train_range,
+                        checked_episode=blocks.episode, real_episode=cal.real_episode)
 
 
 def _plot_data(sc, blocks, comp_idx, norm, channels, cfg) -> dict:

@@ -5,10 +5,12 @@ step) the held-out real steps define quantile bins. In each bin:
 - test: the checked blocks' open-loop errors against the held-out real blocks' in the same bin.
   Blocks are the units (steps are autocorrelated): a block contributes the mean z^2 of its steps
   that fall in the bin (z = standardised open-loop error, all observation channels), blocks with
-  fewer than `min_steps` steps there are left out; one-sided Mann-Whitney, Bonferroni over
-  channels x bins at alpha;
+  fewer than `min_steps` steps there are left out; one-sided Mann-Whitney, clustered by episode
+  (blocks of one episode are dependent; stats.clustered_mann_whitney) when the blocks' episodes
+  are given, Bonferroni over channels x bins at alpha;
 - effect, in the observations' own units: the median signed error of the checked observations
-  against the model's prediction (checked - predicted) with a block-bootstrap 95% interval, next
+  against the model's prediction (checked - predicted) with a 95% interval that resamples whole
+  episodes (blocks without episode labels), next
   to the same median on held-out real data (the model's own bias there, the yardstick);
 - competence: the share of the checked steps in the bin whose block is outside the model's
   competence; separately, the checked steps whose controls leave the training logs' range.
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wmcheck.checks.stats import mann_whitney_greater
+from wmcheck.checks.stats import clustered_mann_whitney, mann_whitney_greater
 
 
 @dataclass
@@ -52,12 +54,13 @@ def _bin_of(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.clip(np.searchsorted(edges[1:-1], values, side="right"), 0, len(edges) - 2)
 
 
-def _block_means(z2: np.ndarray, in_bin: np.ndarray, min_steps: int) -> np.ndarray:
-    """Mean z^2 of each block over its steps in the bin, for blocks with >= min_steps such steps."""
+def _block_means(z2: np.ndarray, in_bin: np.ndarray, min_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean z^2 of each block over its steps in the bin, for blocks with >= min_steps such steps,
+    and the mask of those blocks."""
     counts = in_bin.sum(1)
     keep = counts >= min_steps
     sums = (z2 * in_bin).sum(1)
-    return sums[keep] / counts[keep]
+    return sums[keep] / counts[keep], keep
 
 
 def _median_err(err: np.ndarray, in_bin: np.ndarray) -> float:
@@ -65,14 +68,17 @@ def _median_err(err: np.ndarray, in_bin: np.ndarray) -> float:
     return float(np.median(vals)) if len(vals) else float("nan")
 
 
-def _bootstrap_ci(err: np.ndarray, in_bin: np.ndarray, reps: int, rng: np.random.Generator) -> list[float]:
-    """95% interval of the median error in the bin, resampling whole blocks."""
+def _bootstrap_ci(err: np.ndarray, in_bin: np.ndarray, reps: int, rng: np.random.Generator,
+                  groups: np.ndarray | None = None) -> list[float]:
+    """95% interval of the median error in the bin, resampling whole episodes (`groups`: each
+    block's episode) or, without labels, whole blocks."""
     rows = np.flatnonzero(in_bin.any(1))
     if len(rows) < 2:
         return [float("nan"), float("nan")]
+    units = [rows[groups[rows] == g] for g in np.unique(groups[rows])] if groups is not None else [rows[i : i + 1] for i in range(len(rows))]
     meds = []
     for _ in range(reps):
-        pick = rows[rng.integers(0, len(rows), len(rows))]
+        pick = np.concatenate([units[i] for i in rng.integers(0, len(units), len(units))])
         vals = err[pick][in_bin[pick]]
         meds.append(np.median(vals))
     return [float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))]
@@ -81,13 +87,15 @@ def _bootstrap_ci(err: np.ndarray, in_bin: np.ndarray, reps: int, rng: np.random
 def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_controls: np.ndarray, competent: np.ndarray,
                  real_z: np.ndarray, real_err: np.ndarray, real_controls: np.ndarray,
                  control_names: list[str], obs_names: list[str], units: dict[str, str], alpha: float,
-                 cfg: RegimeConfig | None = None, seed: int = 0, training_range: np.ndarray | None = None) -> dict:
+                 cfg: RegimeConfig | None = None, seed: int = 0, training_range: np.ndarray | None = None,
+                 checked_episode: np.ndarray | None = None, real_episode: np.ndarray | None = None) -> dict:
     """Regimes of the operating conditions where the checked data diverge.
 
     checked_z / checked_err: (n, H, D) standardised and physical-unit open-loop errors of the
     checked blocks; checked_controls: (n, H, K) physical-unit controls of those steps; competent:
     (n,) bool. real_*: the same for held-out real blocks (calibration). training_range: (K, 2)
-    min / max of each control in the training logs (default: the held-out real range). Returns a
+    min / max of each control in the training logs (default: the held-out real range).
+    checked_episode (n,) / real_episode (m,): each block's episode (the clusters). Returns a
     JSON-safe dict: {"channels": [{name, unit, bins: [...]}], "regimes": [...], "not_competent":
     [...], "outside_training_range": [...], "alpha_per_test", "method"}.
     """
@@ -116,11 +124,16 @@ def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_control
             cin, rin = cbin == j, rbin == j  # (n, H), (m, H)
             share_out = float((~comp[:, None] & cin).sum() / max(cin.sum(), 1))
             cin_c = cin & comp[:, None]
-            x = _block_means(cz2, cin_c, cfg.min_steps)
-            y = _block_means(rz2, rin, cfg.min_steps)
+            x, kx = _block_means(cz2, cin_c, cfg.min_steps)
+            y, ky = _block_means(rz2, rin, cfg.min_steps)
             tested = len(x) >= cfg.min_blocks and len(y) >= cfg.min_blocks
-            p = mann_whitney_greater(x, y, rng) if tested else float("nan")
-            effect = _effect(checked_err, real_err, cin_c, rin, obs_names, units, cfg.bootstrap, rng)
+            if not tested:
+                p = float("nan")
+            elif checked_episode is None or real_episode is None:
+                p = mann_whitney_greater(x, y, rng)
+            else:
+                p = clustered_mann_whitney(x, checked_episode[kx], y, real_episode[ky], rng)
+            effect = _effect(checked_err, real_err, cin_c, rin, obs_names, units, cfg.bootstrap, rng, checked_episode)
             masks.append((cin_c, rin))
             bins.append({
                 "range": [_round(edges[j]), _round(edges[j + 1])],
@@ -139,7 +152,7 @@ def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_control
             # interval excludes 0 and the error exceeds the model's own error on real data there.
             cin = np.logical_or.reduce([masks[j][0] for j in run])
             rin = np.logical_or.reduce([masks[j][1] for j in run])
-            eff = _effect(checked_err, real_err, cin, rin, obs_names, units, cfg.bootstrap, rng)
+            eff = _effect(checked_err, real_err, cin, rin, obs_names, units, cfg.bootstrap, rng, checked_episode)
             if any(_material(e) for e in eff.values()):
                 regimes.append(_describe(name, unit, [bins[j] for j in run], eff))
         for run in _runs(bins, lambda b: b["checked_steps"] > 0 and b["outside_competence_share"] >= cfg.not_competent_share):
@@ -158,15 +171,16 @@ def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_control
     return {"channels": channels, "regimes": regimes, "not_competent": not_competent,
             "outside_training_range": outside, "alpha_per_test": a_test,
             "method": ("per control channel, quantile bins of held-out real values; checked vs real blocks' mean "
-                       "open-loop z^2 in the bin (one-sided Mann-Whitney, Bonferroni over channels x bins); "
-                       "effect = median of checked - predicted observation, block-bootstrap 95% interval")}
+                       "open-loop z^2 in the bin (one-sided Mann-Whitney, clustered by episode, Bonferroni over "
+                       "channels x bins); effect = median of checked - predicted observation, episode-bootstrap 95% interval")}
 
 
-def _effect(checked_err, real_err, cin, rin, obs_names, units, reps, rng) -> dict:
-    """Per observation channel: median checked error in the mask, its block-bootstrap 95% interval,
-    and the model's own median error on the real steps in the matching mask."""
+def _effect(checked_err, real_err, cin, rin, obs_names, units, reps, rng, groups=None) -> dict:
+    """Per observation channel: median checked error in the mask, its bootstrap 95% interval (whole
+    episodes when `groups` labels the blocks), and the model's own median error on the real steps
+    in the matching mask."""
     return {obs: {"checked_median_error": _round(_median_err(checked_err[..., d], cin)),
-                  "ci": [_round(v) for v in _bootstrap_ci(checked_err[..., d], cin, reps, rng)],
+                  "ci": [_round(v) for v in _bootstrap_ci(checked_err[..., d], cin, reps, rng, groups)],
                   "real_median_error": _round(_median_err(real_err[..., d], rin)),
                   "unit": units.get(obs, "")}
             for d, obs in enumerate(obs_names)}

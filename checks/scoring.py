@@ -155,15 +155,21 @@ def one_step_nll(model, blocks: Blocks, chunk: int = 128, seed: int = 0, samples
 
 def attribution_objective(model, blocks: Blocks, horizon: int = 8, chunk: int = 128, seed: int = 0) -> np.ndarray:
     """J per block (n,), in nats: one-step predictive NLL (mean over steps t >= C and channels)
-    plus 0.5 * log of the mean squared open-loop error over the first `horizon` imagined steps
-    (the prior's mode, deterministic), i.e. a Gaussian log-score at that horizon. Latency shows
-    most in the one-step term; command gains and offsets accumulate and show at a few steps."""
+    plus 0.5 * log of the mean squared open-loop error over `horizon` imagined steps (the prior's
+    mode, deterministic), i.e. a Gaussian log-score at that horizon, averaged over short windows
+    that tile the block (Blocks.windows: observe C steps, imagine `horizon`, every `horizon`
+    steps). Latency shows most in the one-step term; command gains and offsets accumulate and show
+    at a few steps. One open-loop window per block made J too noisy to find a gain of 0.5 on
+    Pendulum (paired t 0.3 over 24 blocks); the tiled windows gave t 4.5."""
     nll = one_step_nll(model, blocks, chunk, seed)
+    wins, parent = blocks.windows(horizon)
     out = []
     model.eval()
     with torch.no_grad():
-        for _, b in blocks.torch_chunks(chunk):
-            ol = model.openloop(b, blocks.context, samples=1, sample=False)
-            err = (ol["mean"][:, :horizon] - ol["truth"][:, :horizon]).pow(2).mean((1, 2))
+        for _, b in wins.torch_chunks(chunk):
+            ol = model.openloop(b, wins.context, samples=1, sample=False)
+            err = (ol["mean"] - ol["truth"]).pow(2).mean((1, 2))  # (w,) over the imagined steps and channels
             out.append(0.5 * torch.log(err.clamp_min(1e-8)).numpy())
-    return nll + np.concatenate(out).astype(np.float64)
+    per_window = np.concatenate(out).astype(np.float64)
+    per_block = np.bincount(parent, weights=per_window, minlength=len(blocks)) / np.bincount(parent, minlength=len(blocks))
+    return nll + per_block

@@ -1,11 +1,19 @@
-"""Statistics for the checks, with trajectory blocks (not steps) as the independent units.
+"""Statistics for the checks: blocks of consecutive steps are the sample units, episodes the clusters.
 
 Owns: the one-sided Mann-Whitney U test (checked blocks vs held-out real blocks), its effect size
 (the probability that a checked block scores higher than a real one, 0.5 = indistinguishable),
-conformal p-values of single blocks, and the block bootstrap used for confidence intervals and
-for the null distribution of search-based statistics. Steps inside a trajectory are
-autocorrelated, so nothing here treats steps as i.i.d.: every sample unit is a block of
-consecutive steps (calibration and checks cut the same blocks).
+the clustered version of both tests (blocks of one episode are dependent: they share its initial
+conditions, weather, operator), conformal p-values of single blocks, the episode (cluster)
+bootstrap used for confidence intervals and for the null distribution of search-based
+statistics, and the MMD two-sample test whose permutations exchange whole episodes.
+
+Steps inside a trajectory are autocorrelated, so nothing here treats steps as i.i.d.: every
+sample unit is a block of consecutive steps (calibration and checks cut the same blocks). Blocks
+of one episode are not independent either: a test that counts them as independent units is
+anti-conservative (its false-alarm rate exceeds alpha), so the checks pass episode labels and the
+rank tests inflate their variance by the design effect of that clustering (Kish), with the
+intra-class correlation of the ranks measured on the held-out real episodes (the clustered
+Wilcoxon test of Rosner, Glynn & Lee, Biometrics 2003, in its large-sample form).
 """
 from __future__ import annotations
 
@@ -16,6 +24,41 @@ import numpy as np
 
 def _norm_sf(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def t_sf(t: float, df: float) -> float:
+    """Upper tail P(T > t) of Student's t with df degrees of freedom (exact, through the
+    regularised incomplete beta function); the normal tail when df is unknown or huge."""
+    if df is None or df <= 0 or df > 1e7:
+        return _norm_sf(t)
+    tail = 0.5 * _betainc(0.5 * df, 0.5, df / (df + t * t))  # P(|T| > |t|) / 2
+    return tail if t > 0 else 1.0 - tail
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b) by its continued fraction (modified Lentz)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below this point
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-14:
+            break
+    return math.exp(log_front) * f / a
 
 
 def rank_auc(x: np.ndarray, y: np.ndarray) -> float:
@@ -42,9 +85,9 @@ def _ranks(v: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def mann_whitney_z(x: np.ndarray, y: np.ndarray) -> float:
+def mann_whitney_z(x: np.ndarray, y: np.ndarray, continuity: bool = False) -> float:
     """Normal-approximation z of the one-sided Mann-Whitney statistic (x larger than y), with the
-    tie correction; cheap enough for bootstrap replicates."""
+    tie correction (and the continuity correction if asked); cheap enough for bootstrap replicates."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     n, m = len(x), len(y)
     pooled = np.concatenate([x, y])
@@ -53,7 +96,7 @@ def mann_whitney_z(x: np.ndarray, y: np.ndarray) -> float:
     _, counts = np.unique(pooled, return_counts=True)
     tie = (counts**3 - counts).sum()
     var = n * m / 12.0 * ((n + m + 1) - tie / ((n + m) * (n + m - 1)))
-    return float((u - n * m / 2.0) / math.sqrt(var)) if var > 0 else 0.0
+    return float((u - n * m / 2.0 - (0.5 if continuity else 0.0)) / math.sqrt(var)) if var > 0 else 0.0
 
 
 def mann_whitney_greater(x: np.ndarray, y: np.ndarray, rng: np.random.Generator | None = None,
@@ -87,6 +130,143 @@ def mann_whitney_greater(x: np.ndarray, y: np.ndarray, rng: np.random.Generator 
     return float(_norm_sf(z))
 
 
+def icc_of_ranks(values: np.ndarray, groups: np.ndarray) -> float:
+    """Intra-class correlation of the ranks of `values` (n,) within `groups` (n,), one-way ANOVA
+    estimator for unequal group sizes, clipped to [0, 1]; 0 with fewer than 2 groups or no group
+    of 2 or more (no within-group information: nothing to inflate by)."""
+    v = np.asarray(values, float)
+    g = np.asarray(groups)
+    labels, inv, sizes = np.unique(g, return_inverse=True, return_counts=True)
+    k, n = len(labels), len(v)
+    if k < 2 or n <= k:
+        return 0.0
+    r = _ranks(v)
+    means = np.bincount(inv, weights=r) / sizes
+    grand = r.mean()
+    ssb = float((sizes * (means - grand) ** 2).sum())
+    ssw = float(((r - means[inv]) ** 2).sum())
+    msb, msw = ssb / (k - 1), ssw / (n - k)
+    n0 = (n - (sizes**2).sum() / n) / (k - 1)  # effective group size
+    den = msb + (n0 - 1) * msw
+    return float(np.clip((msb - msw) / den, 0.0, 1.0)) if den > 0 else 0.0
+
+
+def design_effect(groups: np.ndarray, rho: float) -> float:
+    """Kish's design effect 1 + rho (sum n_c^2 / N - 1) of a sample in clusters of sizes n_c: how
+    much the variance of its mean exceeds that of N independent units."""
+    _, sizes = np.unique(np.asarray(groups), return_counts=True)
+    N = sizes.sum()
+    return float(1.0 + rho * ((sizes**2).sum() / N - 1.0)) if N else 1.0
+
+
+def clustered_mann_whitney(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray,
+                           rng: np.random.Generator | None = None, permutations: int = 20000,
+                           rho: float | None = None) -> float:
+    """One-sided p-value for "x tends to be larger than y" when both samples come in clusters
+    (x: checked blocks by checked episode, y: held-out real blocks by real episode).
+
+    The Mann-Whitney statistic's variance is the sum of an x part and a y part (its Hajek
+    projection); clustering inflates each by its design effect, with rho the intra-class
+    correlation of the ranks within the real episodes (under the null the checked episodes are
+    like real ones, so one rho serves both). The normal approximation with the inflated variance
+    gives the p-value, never below the unclustered test's (exact on small samples): with rho = 0
+    the test is the ordinary one.
+    """
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n, m = len(x), len(y)
+    p_plain = mann_whitney_greater(x, y, rng, permutations)
+    if n == 0 or m == 0:
+        return p_plain
+    rho = icc_of_ranks(y, y_groups) if rho is None else float(rho)
+    if rho <= 0:
+        return p_plain
+    t = mann_whitney_z(x, y, continuity=True) / math.sqrt(
+        variance_inflation(design_effect(x_groups, rho), design_effect(y_groups, rho), n, m))
+    # rho comes from the real episodes alone: with k of them the statistic is Student-t-like with
+    # k - 1 degrees of freedom, not normal (with 5 held-out weeks the normal tail would be too thin)
+    return float(max(p_plain, t_sf(t, len(np.unique(y_groups)) - 1)))
+
+
+def episode_outlier_p(x: np.ndarray, y: np.ndarray, y_groups: np.ndarray, log: bool = True) -> float:
+    """One-sided p-value that one checked episode, with block scores x (n,), scores higher than a
+    new real episode would: a prediction test against the real episodes (y (m,) blocks labelled by
+    y_groups), not a comparison of blocks.
+
+    Real block scores follow a one-way random-effects model (episode effect, variance s_b^2, plus
+    block noise, s_w^2, ANOVA estimates). A new episode's mean over n blocks varies by
+    s_b^2 + s_w^2 / n around the real grand mean (the mean of the k episode means, itself
+    uncertain by (s_b^2 + s_w^2 mean(1 / n_c)) / k); t = (mean(x) - grand) / sd, Student-t with
+    k - 1 degrees of freedom. Unlike a rank test of one episode's few blocks against the real
+    blocks, it neither treats the episode's blocks as independent nor saturates when every block
+    is worse than every real one (a larger gap gives a smaller p). Scores are compared on a log
+    scale (`log`: divergence z^2, KL, latent distances are positive and right-skewed); NaN with
+    fewer than 2 real episodes.
+    """
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if log:
+        floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-12, 1e-12) * 1e-3
+        x, y = np.log(np.maximum(x, floor)), np.log(np.maximum(y, floor))
+    labels, inv, sizes = np.unique(np.asarray(y_groups), return_inverse=True, return_counts=True)
+    k, N = len(labels), len(y)
+    if k < 2 or len(x) == 0:
+        return float("nan")
+    means = np.bincount(inv, weights=y) / sizes
+    msw = float(((y - means[inv]) ** 2).sum() / (N - k)) if N > k else 0.0
+    msb = float((sizes * (means - means.mean()) ** 2).sum() / (k - 1))
+    n0 = (N - (sizes**2).sum() / N) / (k - 1) if N > k else 1.0
+    s_b2 = max((msb - msw) / max(n0, 1e-12), 0.0)
+    var = s_b2 + msw / len(x) + (s_b2 + msw * float(np.mean(1.0 / sizes))) / k
+    if var <= 0:
+        return 0.0 if x.mean() > means.mean() else 1.0
+    return t_sf(float((x.mean() - means.mean()) / math.sqrt(var)), k - 1)
+
+
+def variance_inflation(deff_x: float, deff_y: float, n: int, m: int) -> float:
+    """Factor by which clustering inflates the Mann-Whitney variance: its x part (share m / (n + m))
+    times deff_x plus its y part (share n / (n + m)) times deff_y."""
+    return (deff_x * m + deff_y * n) / (n + m)
+
+
+def clustered_z(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray,
+                rho: float | None = None) -> float:
+    """The Mann-Whitney z of x against y divided by the square root of the clustering's variance
+    inflation (rho of the ranks within y's groups, unless given): a z whose null spread stays
+    about 1 when blocks of one episode are dependent. Used by the attribution tests."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    rho = icc_of_ranks(y, y_groups) if rho is None else float(rho)
+    z = mann_whitney_z(x, y)
+    if rho <= 0 or not len(x) or not len(y):
+        return z
+    return z / math.sqrt(variance_inflation(design_effect(x_groups, rho), design_effect(y_groups, rho), len(x), len(y)))
+
+
+def cluster_bootstrap(rng: np.random.Generator, groups: np.ndarray, reps: int) -> list[np.ndarray]:
+    """`reps` bootstrap resamples of the units indexed 0..n-1 that draw whole clusters (episodes)
+    with replacement, as many as there are: each replicate is an index array of varying length."""
+    groups = np.asarray(groups)
+    labels = np.unique(groups)
+    members = [np.flatnonzero(groups == g) for g in labels]
+    out = []
+    for _ in range(reps):
+        pick = rng.integers(0, len(labels), size=len(labels))
+        out.append(np.concatenate([members[i] for i in pick]))
+    return out
+
+
+def cluster_resample(rng: np.random.Generator, groups: np.ndarray, n: int) -> np.ndarray:
+    """About n unit indices drawn as whole clusters with replacement (the last cluster cut to
+    exactly n): a sample of n real blocks with the real data's dependence between blocks."""
+    groups = np.asarray(groups)
+    labels = np.unique(groups)
+    members = [np.flatnonzero(groups == g) for g in labels]
+    out, total = [], 0
+    while total < n:
+        idx = members[int(rng.integers(0, len(labels)))]
+        out.append(idx)
+        total += len(idx)
+    return np.concatenate(out)[:n]
+
+
 def conformal_p(value: float | np.ndarray, reference: np.ndarray) -> np.ndarray:
     """(1 + #{reference >= value}) / (m + 1): the conformal p-value of a block score."""
     ref = np.sort(np.asarray(reference, float))
@@ -114,8 +294,10 @@ def mmd2_rbf(x: np.ndarray, y: np.ndarray, bandwidth: float) -> float:
 
 
 def block_mmd_test(x_blocks: list[np.ndarray], y_blocks: list[np.ndarray], rng: np.random.Generator,
-                   permutations: int = 200) -> tuple[float, float]:
-    """Two-sample MMD test whose permutations exchange whole blocks (respects autocorrelation).
+                   permutations: int = 200, x_groups: np.ndarray | None = None,
+                   y_groups: np.ndarray | None = None) -> tuple[float, float]:
+    """Two-sample MMD test whose permutations exchange whole blocks (respects autocorrelation), or
+    whole episodes when the blocks' episode labels are given (blocks of one episode are dependent).
 
     x_blocks / y_blocks: lists of (k, d) arrays of states from each block. Returns (mmd2, p).
     """
@@ -125,13 +307,18 @@ def block_mmd_test(x_blocks: list[np.ndarray], y_blocks: list[np.ndarray], rng: 
     d2 = ((sub[:, None] - sub[None]) ** 2).sum(-1)
     bandwidth = float(np.sqrt(0.5 * np.median(d2[d2 > 0]))) if (d2 > 0).any() else 1.0
     observed = mmd2_rbf(xs, ys, bandwidth)
-    blocks = list(x_blocks) + list(y_blocks)
-    nx = len(x_blocks)
+    if x_groups is None or y_groups is None:
+        units = list(x_blocks) + list(y_blocks)
+        nx = len(x_blocks)
+    else:  # exchangeable units are episodes: the blocks of each concatenated
+        units = [np.concatenate([b for b, g in zip(blocks, groups) if g == label])
+                 for blocks, groups in ((x_blocks, x_groups), (y_blocks, y_groups)) for label in np.unique(groups)]
+        nx = len(np.unique(x_groups))
     count = 0
     for _ in range(permutations):
-        perm = rng.permutation(len(blocks))
-        a = np.concatenate([blocks[i] for i in perm[:nx]])
-        b = np.concatenate([blocks[i] for i in perm[nx:]])
+        perm = rng.permutation(len(units))
+        a = np.concatenate([units[i] for i in perm[:nx]])
+        b = np.concatenate([units[i] for i in perm[nx:]])
         count += mmd2_rbf(a, b, bandwidth) >= observed - 1e-12
     return observed, (1 + count) / (permutations + 1)
 

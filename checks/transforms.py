@@ -5,6 +5,7 @@ Owns pure functions Episode -> Episode (raw units; nothing here knows the model)
                             commands d steps *later*, which is what reality sees when it responds
                             d steps later than the checked data (d steps of missing latency)
   actuator(ep, c, ...)      commands of channel c through gain / offset / deadband
+  actuator_correction(...)  one of those factors by name (what the attribution searches try)
   observation_noise(...)    add Gaussian noise or a bias to observation channels
 """
 from __future__ import annotations
@@ -42,6 +43,13 @@ def actuator(ep: Episode, channel: int, gain: float = 1.0, offset: float = 0.0, 
     a = ep.actions.astype(np.float64).copy()
     a[:, channel] = deadband(a[:, channel], band) * gain + offset
     return _replace(ep, actions=a.astype(np.float32))
+
+
+def actuator_correction(ep: Episode, channel: int, kind: str, value: float) -> Episode:
+    """One factor of `actuator`: kind "gain" | "offset" | "deadband" with its value (raw units for
+    offset and deadband width)."""
+    kw = {"gain": dict(gain=value), "offset": dict(offset=value), "deadband": dict(band=value)}[kind]
+    return actuator(ep, channel, **kw)
 
 
 def observation_noise(ep: Episode, std: np.ndarray | None = None, bias: np.ndarray | None = None,

@@ -28,5 +28,7 @@ def test_mlp_and_mmd_baselines():
     ok = mlp_baseline(train, held, faithful, norm, steps=200)
     bad = mlp_baseline(train, held, gapped, norm, steps=200)
     assert ok.p_value > 0.05 and bad.p_value < 0.01 and bad.score > ok.score
-    assert mmd_baseline(held, faithful, norm).p_value > 0.05
-    assert mmd_baseline(held, gapped, norm).p_value < 0.05  # a gain of 2 also moves the visited states
+    # one draw each: a calibrated test gives p < 0.01 on faithful data 1% of the time; the gapped
+    # run reaches the permutation floor (1 / 201: every permutation of episodes is less extreme)
+    assert mmd_baseline(held, faithful, norm).p_value > 0.01
+    assert mmd_baseline(held, gapped, norm).p_value < 0.01  # a gain of 2 also moves the visited states

@@ -4,7 +4,16 @@ from __future__ import annotations
 import numpy as np
 
 from wmcheck.checks.attribution import evaluate_search, separate_top
-from wmcheck.checks.stats import block_mmd_test, conformal_p, mann_whitney_greater, rank_auc, sign_flip_test
+from wmcheck.checks.stats import (block_mmd_test, cluster_bootstrap, cluster_resample, clustered_mann_whitney, clustered_z,
+                                  conformal_p, icc_of_ranks, mann_whitney_greater, rank_auc, sign_flip_test, t_sf)
+
+
+def _episodes(rng, k: int, blocks: int, rho: float, shift: float = 0.0):
+    """Block scores of k episodes with `blocks` blocks each: an episode effect (share rho of the
+    variance) plus a block effect, as blocks of one real episode share its conditions."""
+    u = rng.normal(size=k) * np.sqrt(rho)
+    v = u[:, None] + rng.normal(size=(k, blocks)) * np.sqrt(1 - rho) + shift
+    return v.ravel(), np.repeat(np.arange(k), blocks)
 
 
 def test_mann_whitney_false_alarm_rate_and_power():
@@ -72,3 +81,73 @@ def test_sign_flip_false_alarm_rate_and_power():
     assert np.mean(few < 0.05) > 0.9
     assert sign_flip_test(rng.normal(-1, 1, size=30), rng) > 0.5
     assert sign_flip_test(np.zeros(5)) == 1.0
+
+
+def test_t_tail_matches_tables():
+    # two-sided table values halved: t_{0.95,4} = 2.132, t_{0.999,4} = 7.173, t_{0.995,15} = 2.947
+    for t, df, p in [(2.132, 4, 0.05), (7.173, 4, 0.001), (2.947, 15, 0.005), (1.0, 1, 0.25), (0.0, 7, 0.5)]:
+        assert abs(t_sf(t, df) - p) < 2e-4 * max(1.0, p / 1e-3)
+    assert abs(t_sf(-1.5, 10) - (1 - t_sf(1.5, 10))) < 1e-12
+
+
+def test_icc_of_ranks_recovers_episode_effect():
+    rng = np.random.default_rng(3)
+    est = [icc_of_ranks(*_episodes(rng, 30, 4, 0.5)) for _ in range(50)]
+    assert 0.35 < np.mean(est) < 0.6
+    assert np.mean([icc_of_ranks(*_episodes(rng, 30, 4, 0.0)) for _ in range(50)]) < 0.08
+    assert icc_of_ranks(np.arange(5.0), np.zeros(5)) == 0.0  # one episode: nothing to estimate
+
+
+def test_clustered_rank_test_is_calibrated_where_the_plain_one_is_not():
+    """Blocks of one episode are dependent: the plain test over-rejects a faithful episode, the
+    clustered one keeps alpha, with many held-out episodes or only five (weeks), and still detects
+    a shifted episode."""
+    rng = np.random.default_rng(4)
+    for k_real, per_ep, k_checked, rho in [(16, 3, 8, 0.5), (5, 10, 1, 0.3)]:
+        plain, clustered = [], []
+        for _ in range(300):
+            y, gy = _episodes(rng, k_real, per_ep, rho)
+            x, gx = _episodes(rng, k_checked, per_ep, rho)
+            plain.append(mann_whitney_greater(x, y, rng, 1000))
+            clustered.append(clustered_mann_whitney(x, gx, y, gy, rng, 1000))
+        assert np.mean(np.array(plain) < 0.05) > 0.1  # the dependence is real: ignoring it fails
+        assert np.mean(np.array(clustered) < 0.05) <= 0.05 + 0.035  # alpha + ~3 binomial s.e.
+    hits = []
+    for _ in range(100):
+        y, gy = _episodes(rng, 16, 3, 0.5)
+        x, gx = _episodes(rng, 8, 3, 0.5, shift=1.5)
+        hits.append(clustered_mann_whitney(x, gx, y, gy, rng, 1000) < 0.05)
+    assert np.mean(hits) >= 0.8  # a test that never rejects fails here
+    y, gy = _episodes(rng, 16, 3, 0.0)
+    x, gx = _episodes(rng, 8, 3, 0.0, shift=1.0)
+    assert clustered_z(x, gx, y, gy, rho=0.5) < clustered_z(x, gx, y, gy, rho=0.0)  # dependence shrinks z
+
+
+def test_cluster_resampling_keeps_episodes_whole():
+    rng = np.random.default_rng(5)
+    groups = np.repeat([7, 8, 9], [2, 3, 4])
+    for idx in cluster_bootstrap(rng, groups, 20):
+        for g in np.unique(groups[idx]):  # every drawn episode comes with all of its blocks
+            assert np.sum(groups[idx] == g) % np.sum(groups == g) == 0
+    assert len(cluster_resample(rng, groups, 7)) == 7
+
+
+def test_block_mmd_permutes_episodes():
+    rng = np.random.default_rng(6)
+
+    def blocks(k, shift=0.0):  # 3 blocks per episode sharing the episode's offset
+        out = []
+        for _ in range(k):
+            off = rng.normal(size=2) * 1.5
+            out += [rng.normal(size=(8, 2)) * 0.3 + off + shift for _ in range(3)]
+        return out, np.repeat(np.arange(k), 3)
+
+    plain, grouped = [], []
+    for _ in range(40):
+        (x, gx), (y, gy) = blocks(6), blocks(12)
+        plain.append(block_mmd_test(x, y, rng, permutations=100)[1])
+        grouped.append(block_mmd_test(x, y, rng, permutations=100, x_groups=gx, y_groups=gy)[1])
+    assert np.mean(np.array(plain) < 0.05) > np.mean(np.array(grouped) < 0.05)
+    assert np.mean(np.array(grouped) < 0.05) <= 0.15
+    (x, gx), (y, gy) = blocks(6, shift=4.0), blocks(12)
+    assert block_mmd_test(x, y, rng, permutations=100, x_groups=gx, y_groups=gy)[1] < 0.05
