@@ -57,11 +57,13 @@ class SearchMatrices:
 
 
 def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray, latency: bool = True,
-                    actuator_episodes=None) -> SearchMatrices:
+                    actuator_episodes=None, actuator: bool = True,
+                    kinds: tuple[str, ...] = ("gain", "offset", "deadband")) -> SearchMatrices:
     """Evaluate J for every candidate correction on the blocks of `episodes`; the actuator searches
     run on `actuator_episodes` when given (the checked episodes with the latency found already
     corrected: corrections are found in order, each on what the previous ones leave), and the
-    latency search is skipped when `latency` is False (its matrix is then empty)."""
+    latency search is skipped when `latency` is False (its matrix is then empty), the actuator
+    searches when `actuator` is False; `kinds` limits them to some of gain / offset / deadband."""
     def blocks(eps):
         return make_blocks(eps, normalizer, cfg.context, cfg.horizon)
 
@@ -74,10 +76,13 @@ def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray, la
     latency = (np.stack([one_step_nll(model, blocks([shift_actions(e, int(d)) for e in episodes]), seed=cfg.seed)
                          for d in delays]) if latency else np.zeros((0, 0)))
     episodes = episodes if actuator_episodes is None else actuator_episodes
-    base = J(episodes)
     grids = {"gain": np.asarray(cfg.gain_grid), "offset": np.asarray(cfg.offset_grid),
              "deadband": np.asarray(cfg.deadband_grid)}
+    grids = {k: v for k, v in grids.items() if k in kinds}
     act = {}
+    if not actuator:
+        return SearchMatrices(delays, latency, grids, act)
+    base = J(episodes)
     for c in range(len(action_std)):
         for kind, grid in grids.items():
             rows = []
@@ -89,6 +94,29 @@ def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray, la
                 rows.append(J([actuator_correction(e, c, kind, value) for e in episodes]))
             act[f"{kind}:{c}"] = np.stack(rows)
     return SearchMatrices(delays, latency, grids, act)
+
+
+def outside_training_share(norm, episodes, c: int) -> float:
+    """Share of command channel c's values outside the training logs' range (0 when the normaliser
+    predates stored ranges)."""
+    rng_a = norm.range["action"]
+    if rng_a is None:
+        return 0.0
+    x = np.concatenate([e.actions[:, c] for e in episodes]) if episodes else np.zeros(0)
+    return float(((x < rng_a[0][c]) | (x > rng_a[1][c])).mean()) if len(x) else 0.0
+
+
+def allowed_corrections(norm, episodes, c: int, kind: str, grid: np.ndarray, unit: float,
+                        competence_alpha: float) -> np.ndarray:
+    """(G,) bool: the candidate corrections of kind `kind` (grid values x `unit`) on channel c that
+    the model can judge: they leave no more of the commands outside the training logs' range than
+    the uncorrected commands already are, or competence_alpha, whichever is larger. The model
+    knows reality only inside that range; beyond it a physics gap could masquerade as a
+    correction it only extrapolates to."""
+    share = np.array([outside_training_share(norm, [actuator_correction(e, c, kind, v * unit) for e in episodes], c)
+                      for v in grid])
+    ident = int(np.flatnonzero(grid == (1.0 if kind == "gain" else 0.0))[0])
+    return share <= max(share[ident], competence_alpha)
 
 
 def _improvement(mat: np.ndarray, identity: int, idx: np.ndarray | None = None) -> tuple[float, int]:
@@ -125,7 +153,7 @@ def null_quantile(real: np.ndarray, identity: int, n: int, alpha: float, rng: np
     def draw():
         return rng.integers(0, m, size=n) if real_groups is None else cluster_resample(rng, real_groups, n)
 
-    vals = [_improvement(real, identity, draw())[0] for _ in range(reps)]
+    vals = [min(_improvement(real, identity, draw())[0], 1e6) for _ in range(reps)]  # inf: one block, or identical J
     floor = NormalDist().inv_cdf(1 - alpha)
     return float(max(np.quantile(vals, 1 - alpha), floor))
 
@@ -212,13 +240,15 @@ def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mea
                     and significantly more coloured than reality's (those are dynamics);
       dynamics      per channel: min(z_level, z_colour) over the one-sided critical value at alpha / D:
                     larger AND more coloured residuals.
-    Every z is the clustered Mann-Whitney z (stats.clustered_z; groups = (checked, real) episode of
-    each block). Estimates: noise ratio sqrt(mean var_checked / mean var_real) with an
-    episode-bootstrap interval, and the bias (difference of mean residuals).
+    Every z is the episode-level Welch t of the statistic (stats.episode_t; groups = (checked, real)
+    episode of each block: blocks of one episode are dependent and a rank test of few episodes
+    saturates), mapped to the normal scale by its tail probability (stats.t_to_z). Estimates: noise
+    ratio sqrt(mean var_checked / mean var_real) with an episode-bootstrap interval, and the bias
+    (difference of mean residuals).
     """
     from statistics import NormalDist
 
-    from wmcheck.checks.stats import cluster_resample, clustered_z, icc_of_ranks
+    from wmcheck.checks.stats import cluster_resample, episode_t, t_to_z
 
     gx, gy = (np.asarray(g) for g in groups)
     D = checked_std.shape[1]
@@ -226,11 +256,10 @@ def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mea
     crit_dyn = NormalDist().inv_cdf(1 - alpha / D)
     log_real = np.log(np.maximum(real_std, 1e-12))
     refs = {"level": log_real, "bias": real_mean, "colour": real_ac1}
-    rho = {k: [icc_of_ranks(v[:, d], gy) for d in range(D)] for k, v in refs.items()}
 
     def evidence(std, mu, ac1, g):
         vals = {"level": np.log(np.maximum(std, 1e-12)), "bias": mu, "colour": ac1}
-        z = {k: np.array([clustered_z(vals[k][:, d], g, refs[k][:, d], gy, rho[k][d]) for d in range(D)]) for k in refs}
+        z = {k: np.array([t_to_z(*episode_t(vals[k][:, d], g, refs[k][:, d], gy)) for d in range(D)]) for k in refs}
         coloured = (z["level"] > 0) & (z["colour"] > crit_dyn)  # (D,)
         sensor = np.where(coloured, 0.0, np.maximum(np.abs(z["level"]), np.abs(z["bias"])) / crit_sensor)
         dynamics = np.minimum(z["level"], z["colour"]) / crit_dyn
@@ -241,13 +270,13 @@ def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mea
 
     ev, dyn, coloured = evidence(checked_std, checked_mean, checked_ac1, gx)
     m = real_std.shape[0]
-    boots, dyn_boots, ratio_boot = [], [], []
+    boots, dyn_boots, ratio_boot = [], [], [ratio(checked_std, real_std)]  # no bootstrap: the interval is the point
     for idx in boot_idx:
         b_s, b_d, _ = evidence(checked_std[idx], checked_mean[idx], checked_ac1[idx], gx[idx])
         boots.append(b_s.max())
         dyn_boots.append(b_d.max())
         ratio_boot.append(ratio(checked_std[idx], real_std[cluster_resample(rng, gy, m)]))
-    ratio_boot = np.asarray(ratio_boot)
+    ratio_boot = np.asarray(ratio_boot[1:] if len(ratio_boot) > 1 else ratio_boot)
     return {
         "evidence_per_channel": ev, "evidence": float(ev.max()), "ratio": ratio(checked_std, real_std),
         "ratio_interval": (np.quantile(ratio_boot, 0.05, axis=0), np.quantile(ratio_boot, 0.95, axis=0)),

@@ -12,8 +12,9 @@ policy checks' return comparisons).
 
 Power: the held-out episodes are split in two halves by episode; gaps of graded size are injected
 into half B (actions delayed, commands scaled, observation noise and bias added) and tested against
-half A with the same pooled test a check runs; the smallest size detected with probability
->= power_target is what a pass is worth.
+half A with the tests a check runs (the pooled divergence test, the residual tests, and the injected
+gap's own search; see `power_table`); the smallest size detected with probability >= power_target
+is what a pass is worth.
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wmcheck.checks.attribution import SearchMatrices, search_matrices
+from wmcheck.checks.attribution import SearchMatrices, allowed_corrections, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import SCORES, CheckConfig
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
-from wmcheck.checks.stats import clustered_mann_whitney, mann_whitney_greater
+from wmcheck.checks.stats import episode_t_greater, mann_whitney_greater
 from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
@@ -70,15 +71,14 @@ class Calibration:
             arrays["real_episode"] = self.real_episode
         for key in ("null_episode", "control_episode"):
             if self.power.get(key) is not None:
-                arrays[f"power_{key}"] = self.power[key]
-        for score in SCORES:
-            arrays[f"power_null_{score}"] = self.power["null"][score]
-            if self.power.get("control"):
-                arrays[f"power_control_{score}"] = self.power["control"][score]
+                arrays[f"powerep_{key}"] = self.power[key]
+        for part in ("null", "control"):
+            for key, arr in (self.power.get(part) or {}).items():
+                arrays[f"power_{part}_{key}"] = arr
         for gap, entry in self.power["gaps"].items():
             for i, size in enumerate(entry["sizes"]):
-                for score in SCORES:
-                    arrays[f"power_{gap}_{i}_{score}"] = entry["scores"][i][score]
+                for key, arr in entry["scores"][i].items():
+                    arrays[f"power_{gap}_{i}_{key}"] = arr
         with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         meta = {"calibration_version": CALIBRATION_VERSION, "config": self.config.to_dict(), "info": self.info,
@@ -97,14 +97,17 @@ class Calibration:
             raise UserError(f"{jpath} has calibration version {meta.get('calibration_version')}", f"re-run `wmcheck calibrate {run_dir}`")
         with np.load(npath, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-        power = {"null": {s: arrays[f"power_null_{s}"] for s in SCORES}, "gaps": {}}
-        if all(f"power_control_{s}" in arrays for s in SCORES):
-            power["control"] = {s: arrays[f"power_control_{s}"] for s in SCORES}
+        def part(prefix):
+            return {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)}
+
+        power = {"null": part("power_null_"), "gaps": {}}
+        if part("power_control_"):
+            power["control"] = part("power_control_")
         for key in ("null_episode", "control_episode"):
-            power[key] = arrays.get(f"power_{key}")
+            power[key] = arrays.get(f"powerep_{key}")
         for gap, e in meta["power"].items():
             power["gaps"][gap] = {"sizes": e["sizes"], "units": e["units"],
-                                  "scores": [{s: arrays[f"power_{gap}_{i}_{s}"] for s in SCORES} for i in range(len(e["sizes"]))]}
+                                  "scores": [part(f"power_{gap}_{i}_") for i in range(len(e["sizes"]))]}
         return cls(CheckConfig.from_dict(meta["config"]), meta["info"], BlockScores.from_arrays(arrays, "real_"),
                    SearchMatrices.from_arrays(arrays, "realJ_"), arrays["real_states"], arrays["support_ref"], float(meta["support_scale"]), power,
                    arrays.get("real_controls"), arrays.get("real_episode"))
@@ -113,32 +116,51 @@ class Calibration:
 def pooled_detect(checked: dict[str, np.ndarray], null: dict[str, np.ndarray], alpha: float,
                   rng: np.random.Generator | None = None, permutations: int = 20000,
                   checked_episode: np.ndarray | None = None, null_episode: np.ndarray | None = None) -> tuple[bool, dict[str, float]]:
-    """The pooled test of a check: any score's one-sided Mann-Whitney p < alpha / (2 * #scores),
-    clustered by episode when the episode labels are given (as in a check).
+    """The pooled test of a check: any score's one-sided p < alpha / (2 * #scores); Welch's t of the
+    episode means of the (log) scores when the episode labels are given (as in a check), otherwise
+    the Mann-Whitney test of the blocks.
     `permutations`: Monte-Carlo size of the exact test on small samples (the power table, which
     runs this hundreds of times, uses fewer: its p-values only need to resolve alpha / 6)."""
     if checked_episode is None or null_episode is None:
         ps = {s: mann_whitney_greater(checked[s], null[s], rng, permutations) for s in SCORES}
     else:
-        ps = {s: clustered_mann_whitney(checked[s], checked_episode, null[s], null_episode, rng, permutations) for s in SCORES}
+        ps = {s: episode_t_greater(checked[s], checked_episode, null[s], null_episode, log=(s != "nll")) for s in SCORES}
     return any(p < alpha / (2 * len(SCORES)) for p in ps.values()), ps
+
+
+RESIDUALS = ("resid_std", "resid_mean", "resid_ac1")  # what the residual (sensor / dynamics) tests need
 
 
 def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, reps: int = 100, seed: int = 0) -> dict:
     """Detection probability per injected gap size for a check of n_blocks blocks, and the smallest
     size detected with probability >= target.
 
-    Each replicate draws min(n_blocks, available) injected blocks WITHOUT replacement (drawing more
-    blocks than exist, with replacement, would replicate the same blocks and inflate the power), as
-    whole episodes in random order (the last one cut), and tests them clustered by episode, as a
-    check does.
-    The same draw on the uninjected half B is the control: its detection rate is what the procedure
-    reports for no gap at all. Above alpha the sizes are optimistic (the report says so); at or above
-    the target the held-out episodes differ among themselves (e.g. seasons) as much as an injected
-    gap would make them, so the power is reported as unreliable and no smallest size is claimed."""
-    rng = np.random.default_rng(seed)
+    A replicate draws min(n_blocks, available) injected blocks of half B WITHOUT replacement (more
+    blocks than exist, with replacement, would replicate blocks and inflate the power), as whole
+    episodes in random order (the last one cut), and runs the check's tests against half A at the
+    check's levels: the pooled divergence test (episodes as the units, alpha / 2 shared over its
+    scores), the residual tests (sensor noise and dynamics, alpha / 8 each) and the injected gap's
+    own search (latency: the delay search; actuator: the gain search of every command channel,
+    over the gains the model can judge), alpha / 8. A replicate is detected when any of them
+    fires, as a check that does not pass. Not simulated: the per-episode tests and the searches
+    for other gap types than the injected one (they can only add detections), so the figures are
+    a lower bound for the injected gap itself.
 
+    The same draw on the uninjected half B is the control (with every search): its detection rate
+    is what the procedure reports for no gap at all. Above alpha the sizes are optimistic (the
+    report says so); at or above the target the held-out episodes differ among themselves (e.g.
+    seasons) as much as an injected gap would make them, so the power is reported as unreliable
+    and no smallest size is claimed."""
+    from wmcheck.checks.attribution import _improvement, null_quantile, residual_evidence
+
+    rng = np.random.default_rng(seed)
+    a_div, a_gap = alpha / 2, alpha / 8  # the check's split of the budget (check.py)
     ep_b, ep_a = cal.power.get("control_episode"), cal.power.get("null_episode")
+    null = cal.power["null"]
+    control = cal.power.get("control")
+    search = cal.real_search
+    in_a = np.isin(cal.real_episode, np.unique(ep_a)) if (cal.real_episode is not None and ep_a is not None) else None
+    have_search = in_a is not None and search.latency.size > 0 and control is not None
 
     def draw(nB: int, n: int) -> np.ndarray:
         if ep_b is None:
@@ -146,28 +168,65 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
         order = rng.permutation(np.unique(ep_b))
         return np.concatenate([np.flatnonzero(ep_b == e) for e in order])[:n]
 
-    def rate(scores) -> tuple[float, int]:
-        nB = len(scores[SCORES[0]])
-        n = max(1, min(n_blocks, nB))
+    nB = len(control[SCORES[0]]) if control else 0
+    n = max(1, min(n_blocks, nB)) if nB else 1
+    # search thresholds at this draw size, from the same searches on half A (computed once)
+    thr = {}
+    if have_search:
+        lat_id = int(np.flatnonzero(search.delays == 0)[0])
+        thr["latency"] = null_quantile(search.latency[:, in_a], lat_id, n, a_gap, rng, 200, ep_a)
+        gain_id = int(np.flatnonzero(search.act_values["gain"] == 1.0)[0])
+        n_search = max(1, len(search.actuator))
+        for k in search.actuator:
+            if k.startswith("gain:"):
+                thr[k] = null_quantile(search.actuator[k][:, in_a], gain_id, n, a_gap / n_search, rng, 200, ep_a)
+
+    def searches_fire(entry, idx) -> bool:
+        if not have_search:
+            return False
+        if "search_latency" in entry and _improvement(entry["search_latency"], lat_id, idx)[0] >= thr["latency"]:
+            return True
+        for k, t in thr.items():
+            if k.startswith("gain:") and f"search_{k}" in entry:
+                mat = entry[f"search_{k}"]
+                allowed = entry.get(f"allowed_{k}", np.ones(len(mat), bool)).astype(bool)
+                mat = np.where(allowed[:, None], mat, np.inf)
+                if _improvement(mat, gain_id, idx)[0] >= t:
+                    return True
+        return False
+
+    def residuals_fire(entry, idx) -> bool:
+        if not all(k in entry and k in null for k in RESIDUALS) or ep_b is None or ep_a is None:
+            return False
+        ev = residual_evidence(entry["resid_std"][idx], null["resid_std"], entry["resid_mean"][idx], null["resid_mean"],
+                               entry["resid_ac1"][idx], null["resid_ac1"], a_gap, rng, 0, [], (ep_b[idx], ep_a))
+        return ev["evidence"] >= 1.0 or ev["dynamics_evidence"] >= 1.0
+
+    def rate(entry) -> float:
         hits = 0
         for _ in range(reps):
-            idx = draw(nB, n)
-            hits += pooled_detect({s: scores[s][idx] for s in SCORES}, cal.power["null"], alpha, rng, permutations=2000,
-                                  checked_episode=None if ep_b is None else ep_b[idx], null_episode=ep_a)[0]
-        return hits / reps, n
+            idx = draw(len(entry[SCORES[0]]), n)
+            hits += bool(pooled_detect({s: entry[s][idx] for s in SCORES}, null, a_div, rng, permutations=2000,
+                                       checked_episode=None if ep_b is None else ep_b[idx], null_episode=ep_a)[0]
+                         or residuals_fire(entry, idx) or searches_fire(entry, idx))
+        return hits / reps
 
-    control = cal.power.get("control")
-    control_rate = rate(control)[0] if control else None
+    control_rate = None
+    if control:
+        ctrl = dict(control)
+        if have_search:  # the uninjected half B gets every search the check runs
+            ctrl["search_latency"] = search.latency[:, ~in_a]
+            for k in thr:
+                if k.startswith("gain:"):
+                    ctrl[f"search_{k}"] = search.actuator[k][:, ~in_a]
+        control_rate = rate(ctrl)
     reliable = control_rate is None or control_rate < target
     table = {}
     for gap, e in cal.power["gaps"].items():
-        probs, used = [], 0
-        for scores in e["scores"]:
-            prob, used = rate(scores)
-            probs.append(prob)
+        probs = [rate(entry) for entry in e["scores"]]
         smallest = next((s for s, p in zip(e["sizes"], probs) if p >= target), None) if reliable else None
         table[gap] = {"sizes": list(e["sizes"]), "units": e["units"], "detection_probability": probs,
-                      "smallest_detected": smallest, "blocks_used": used, "control_detection": control_rate,
+                      "smallest_detected": smallest, "blocks_used": n, "control_detection": control_rate,
                       "reliable": bool(reliable)}
     return table
 
@@ -236,9 +295,13 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     if half_a and half_b:
         in_a = np.isin(blocks.episode, [e.id for e in half_a])
         null, control = real.subset(np.flatnonzero(in_a)), real.subset(np.flatnonzero(~in_a))
-        power["null"] = {s: getattr(null, s) for s in SCORES}
-        power["control"] = {s: getattr(control, s) for s in SCORES}
+        power["null"] = {s: getattr(null, s) for s in SCORES + RESIDUALS}
+        power["control"] = {s: getattr(control, s) for s in SCORES + RESIDUALS}
         power["null_episode"], power["control_episode"] = blocks.episode[in_a], blocks.episode[~in_a]
+        astd = norm.std["action"].astype(float)
+        for c in range(len(astd)):  # the gains a check could try on the uninjected half B
+            power["control"][f"allowed_gain:{c}"] = allowed_corrections(norm, half_b, c, "gain", np.asarray(cfg.gain_grid), 1.0,
+                                                                        cfg.competence_alpha)
         for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
             entries = []
             for size in sizes:
@@ -246,10 +309,20 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
                 inj_blocks = make_blocks(inj, norm, cfg.context, cfg.horizon)
                 assert np.array_equal(inj_blocks.episode, power["control_episode"]), "injection changed the block layout"
                 sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed)
-                entries.append({s: getattr(sc, s) for s in SCORES})
+                entry = {s: getattr(sc, s) for s in SCORES + RESIDUALS}
+                # the injected gap's own search, as a check runs it (the power table replays it)
+                if gap == "latency":
+                    entry["search_latency"] = search_matrices(model, inj, norm, cfg, astd, actuator=False).latency
+                elif gap == "actuator":
+                    gains = np.asarray(cfg.gain_grid)
+                    mats = search_matrices(model, inj, norm, cfg, astd, latency=False, kinds=("gain",))
+                    for c in range(len(astd)):
+                        entry[f"search_gain:{c}"] = mats.actuator[f"gain:{c}"]
+                        entry[f"allowed_gain:{c}"] = allowed_corrections(norm, inj, c, "gain", gains, 1.0, cfg.competence_alpha)
+                entries.append(entry)
             power["gaps"][gap] = {"sizes": sizes, "units": POWER_UNITS[gap], "scores": entries}
     else:
-        power["null"] = {s: getattr(real, s) for s in SCORES}
+        power["null"] = {s: getattr(real, s) for s in SCORES + RESIDUALS}
         power["null_episode"] = blocks.episode
     reward_err, reward_std = reward_resolution(model, blocks)
     info = {"log": str(log_path), "log_sha256": data_hash, "model_sha256": bundle.file_hash,

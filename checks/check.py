@@ -18,9 +18,8 @@ Owns the verdict logic (see product.md):
   per-episode and pooled levels use alpha / 2 in place of alpha) and alpha / 2 for the four gap
   tests (alpha / 8 each).
   Blocks of one episode are dependent: an episode is tested as one unit against the real
-  episodes, and the pooled rank test is the clustered one (stats.clustered_mann_whitney: variance
-  inflated by the design effect of the episodes, with the rank intra-class correlation of the
-  held-out real episodes, Student-t tail).
+  episodes, and the pooled test is Welch's t of the episode means of the (log) scores
+  (stats.episode_t_greater): episodes are the units.
   The union bound keeps the false-alarm rate of a faithful run at or below alpha; a model with
   cameras adds the visual test (checks/visual.py) at alpha, so its bound is 2 alpha.
 Then attribution (attribution.py), the distribution test, the power table, and the report.
@@ -43,7 +42,7 @@ from wmcheck.checks.config import COMPETENCE, SCORES, Gate
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import latent_features, score_blocks
-from wmcheck.checks.stats import (block_mmd_test, cluster_bootstrap, clustered_mann_whitney, conformal_p, episode_outlier_p,
+from wmcheck.checks.stats import (block_mmd_test, cluster_bootstrap, conformal_p, episode_outlier_p, episode_t_greater,
                                   rank_auc)
 from wmcheck.checks.transforms import actuator_correction, shift_actions
 from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
@@ -110,8 +109,8 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     rng = np.random.default_rng(seed)
     real_ep = cal.real_episode  # (m,) the clusters of the real blocks
 
-    def test(x_idx, s):  # clustered one-sided rank test of checked blocks x_idx against real blocks, score s
-        return clustered_mann_whitney(getattr(sc, s)[x_idx], blocks.episode[x_idx], getattr(real, s), real_ep, rng)
+    def test(x_idx, s):  # checked blocks x_idx against the real blocks, score s, episodes as the units
+        return episode_t_greater(getattr(sc, s)[x_idx], blocks.episode[x_idx], getattr(real, s), real_ep, log=(s != "nll"))
 
     def episode_test(x_idx, s):  # one episode against new real episodes (random-effects prediction test)
         return episode_outlier_p(getattr(sc, s)[x_idx], getattr(real, s), real_ep, log=(s != "nll"))
@@ -229,8 +228,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             verdict = "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and gate.allow_unverifiable) else 1
     score = max(rank_auc(getattr(sc, s)[comp_idx if len(comp_idx) else slice(None)], getattr(real, s)) for s in SCORES)
-    # the power table simulates the pooled divergence test, at its level (the gap tests can only add detections)
-    power = power_table(cal, max(len(comp_idx), 1), a_div, cfg.power_target, seed=seed)
+    power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=seed)
     dt = meta.dt or bundle.channels.get("dt")
     report = {
         "report_version": REPORT_VERSION,
@@ -245,8 +243,8 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             "blocks": int(len(blocks)), "competent_blocks": int(len(comp_idx)),
             "pooled_p_values": {k: _r(v) for k, v in pooled_p.items()},
             "alpha": alpha, "tolerated_by_gate": bool(tolerated),
-            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol, main_verdict, a_div,
-                                shift_confounded),
+            "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol, main_verdict, alpha,
+                                shift_confounded, pooled_reject),
         },
         "episodes": ep_entries,
         "gaps": gaps,
@@ -257,7 +255,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         },
         "channels": _channels(sc, real, bundle.channels, comp_idx),
         "regimes": _regimes(sc, blocks, competent, cal, norm, bundle.channels, meta, alpha, seed),
-        "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "alpha": a_div, "gaps": power},
+        "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "alpha": alpha, "gaps": power},
         "thresholds": {"source": gate.source if gate.source != "defaults" else "calibration",
                        "alpha": alpha, "competence_alpha": comp_alpha, "support_bound": support_bound, "episode_alpha": a_ep,
                        "pooled_alpha": a_div / (2 * len(SCORES)), "gap_alpha": (alpha - a_div) / 4,
@@ -350,9 +348,7 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
         grid = chk.act_values[kind]
         ident = int(np.flatnonzero(grid == (1.0 if kind == "gain" else 0.0))[0])
         unit = 1.0 if kind == "gain" else float(astd[int(c)])
-        share = np.array([_outside_training(norm, [actuator_correction(e, int(c), kind, v * unit) for e in act_eps], int(c))
-                          for v in grid])  # (G,)
-        allowed = share <= max(share[ident], cfg.competence_alpha)
+        allowed = attr.allowed_corrections(norm, act_eps, int(c), kind, grid, unit, cfg.competence_alpha)  # (G,)
         if not allowed.all():
             untested.setdefault(names[int(c)], {})[kind] = [float(v * unit) for v in grid[~allowed]]
         results[key] = attr.evaluate_search(mat[:, comp_idx], cal.real_search.actuator[key], grid, ident,
@@ -381,7 +377,7 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
                     (kind == "offset" and tol_off is not None and abs(value * scale) <= tol_off)
         # Share of the corrected commands outside the training range (at most what the checked
         # commands already had, or competence_alpha: larger corrections were not tested).
-        extrap = _outside_training(norm, [actuator_correction(e, int(c), kind, value * scale) for e in act_eps], int(c))
+        extrap = attr.outside_training_share(norm, [actuator_correction(e, int(c), kind, value * scale) for e in act_eps], int(c))
         caution = (f"; caution: {extrap:.0%} of the corrected {names[int(c)]} commands lie outside the training logs' "
                    f"range, where the model extrapolates" if extrap > cfg.competence_alpha else "")
         if untested:
@@ -462,16 +458,6 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
     return gaps, top, confounded
 
 
-def _outside_training(norm: Normalizer, episodes, c: int) -> float:
-    """Share of channel c's commands outside the training logs' range (0 when the normaliser
-    predates stored ranges)."""
-    rng_a = norm.range["action"]
-    if rng_a is None:
-        return 0.0
-    x = np.concatenate([e.actions[:, c] for e in episodes])
-    return float(((x < rng_a[0][c]) | (x > rng_a[1][c])).mean()) if len(x) else 0.0
-
-
 def _gap(evidence, estimate, ci, tolerated=False, explanation="", **extra) -> dict:
     present = evidence is not None and evidence >= 1.0
     verdict = ("tolerated" if tolerated else "present") if present else "absent"
@@ -487,11 +473,11 @@ def _all_tolerated(gaps: dict) -> bool:
 
 
 def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol=None, main_verdict=None,
-             alpha: float = 0.05, shift_confounded=()) -> str:
+             alpha: float = 0.05, shift_confounded=(), pooled: bool = False) -> str:
     if pol is not None and not pol["gate"]["passed"]:
         head = "FAIL: the policy gate is not met: " + "; ".join(pol["gate"]["reasons"]) + "."
         rest = _message(main_verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, alpha=alpha,
-                        shift_confounded=shift_confounded)
+                        shift_confounded=shift_confounded, pooled=pooled)
         return head + " " + (rest if main_verdict == "fail" else "Consistency check: " + rest)
     parts = []
     if verdict == "pass":
@@ -514,7 +500,7 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
         parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
     elif verdict == "fail" and gaps["visual"]["verdict"] == "present":
         parts.append("FAIL: the checked camera frames differ from the real camera's (visual gap).")
-    elif verdict == "fail" and any(gaps[g]["verdict"] == "present" for g in ("latency", "actuator", "sensor_noise", "dynamics")):
+    elif verdict == "fail" and not pooled and any(gaps[g]["verdict"] == "present" for g in ("latency", "actuator", "sensor_noise", "dynamics")):
         found = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] == "present"]
         parts.append(f"FAIL: the gap tests find {', '.join(found)} (no single episode and not the pooled divergence test "
                      f"flags it: the gap is small but systematic).")

@@ -35,6 +35,19 @@ def t_sf(t: float, df: float) -> float:
     return tail if t > 0 else 1.0 - tail
 
 
+def t_isf(p: float, df: float) -> float:
+    """The t with P(T > t) = p (Student, df degrees of freedom), by bisection on t_sf."""
+    lo, hi = -1.0, 1.0
+    while t_sf(hi, df) > p:
+        hi *= 2.0
+    while t_sf(lo, df) < p:
+        lo *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_sf(mid, df) > p else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def _betainc(a: float, b: float, x: float) -> float:
     """Regularised incomplete beta I_x(a, b) by its continued fraction (modified Lentz)."""
     if x <= 0.0:
@@ -204,8 +217,7 @@ def episode_outlier_p(x: np.ndarray, y: np.ndarray, y_groups: np.ndarray, log: b
     """
     x, y = np.asarray(x, float), np.asarray(y, float)
     if log:
-        floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-12, 1e-12) * 1e-3
-        x, y = np.log(np.maximum(x, floor)), np.log(np.maximum(y, floor))
+        x, y = _log_pair(x, y)
     labels, inv, sizes = np.unique(np.asarray(y_groups), return_inverse=True, return_counts=True)
     k, N = len(labels), len(y)
     if k < 2 or len(x) == 0:
@@ -219,6 +231,70 @@ def episode_outlier_p(x: np.ndarray, y: np.ndarray, y_groups: np.ndarray, log: b
     if var <= 0:
         return 0.0 if x.mean() > means.mean() else 1.0
     return t_sf(float((x.mean() - means.mean()) / math.sqrt(var)), k - 1)
+
+
+def episode_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Mean of `values` (n,) within each group (sorted group order): (k,)."""
+    _, inv, sizes = np.unique(np.asarray(groups), return_inverse=True, return_counts=True)
+    return np.bincount(inv, weights=np.asarray(values, float)) / sizes
+
+
+def _log_pair(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """log of positive, right-skewed scores, with a floor 1000x below the smallest positive real value."""
+    floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-12, 1e-12) * 1e-3
+    return np.log(np.maximum(x, floor)), np.log(np.maximum(y, floor))
+
+
+def episode_t(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray,
+              log: bool = False) -> tuple[float, float]:
+    """Two-sample t of checked vs real with episodes as the units: Welch's t of the episode means
+    (x (n,) checked blocks by x_groups, y (m,) real blocks by y_groups), with Welch-Satterthwaite
+    degrees of freedom; with a single checked episode, its mean against a new real episode's
+    (variance of the real episode means x (1 + 1/k), k - 1 degrees of freedom). Blocks of one
+    episode are dependent and enter only through their episode's mean, and unlike a rank test the
+    statistic keeps growing with the gap (a rank test of few episodes saturates once every
+    checked block is worse than every real one). `log`: compare log scores (positive,
+    right-skewed statistics). Returns (t, df); (nan, nan) with fewer than 2 real episodes."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if log:
+        x, y = _log_pair(x, y)
+    mx, my = episode_means(x, x_groups), episode_means(y, y_groups)
+    kx, ky = len(mx), len(my)
+    if kx == 0 or ky < 2:
+        return float("nan"), float("nan")
+    b = my.var(ddof=1) / ky
+    if kx >= 2:
+        a = mx.var(ddof=1) / kx
+        se2 = a + b
+        den = (a**2 / (kx - 1) if a > 0 else 0.0) + b**2 / (ky - 1)
+        df = se2**2 / den if den > 0 else float(kx + ky - 2)
+    else:
+        se2, df = b * (1 + ky), float(ky - 1)  # var(my) * (1 + 1/ky)
+    diff = float(mx.mean() - my.mean())
+    if se2 <= 0:
+        return (math.copysign(float("inf"), diff) if diff else 0.0), float(df)
+    return diff / math.sqrt(se2), float(df)
+
+
+def t_to_z(t: float, df: float) -> float:
+    """The standard-normal quantile with the same tail probability as Student's t (sign kept), so
+    statistics with different degrees of freedom share one scale of critical values."""
+    from statistics import NormalDist
+
+    if math.isnan(t):
+        return 0.0
+    p = t_sf(abs(t), df) if math.isfinite(t) else 0.0
+    z = -NormalDist().inv_cdf(min(max(p, 1e-300), 0.5))
+    return math.copysign(z, t)
+
+
+def episode_t_greater(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray,
+                      log: bool = False) -> float:
+    """One-sided p-value of `episode_t` (checked episodes score higher than real ones)."""
+    t, df = episode_t(x, x_groups, y, y_groups, log)
+    if math.isnan(t):
+        return float("nan")
+    return t_sf(t, df)
 
 
 def variance_inflation(deff_x: float, deff_y: float, n: int, m: int) -> float:

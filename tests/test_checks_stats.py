@@ -5,7 +5,8 @@ import numpy as np
 
 from wmcheck.checks.attribution import evaluate_search, separate_top
 from wmcheck.checks.stats import (block_mmd_test, cluster_bootstrap, cluster_resample, clustered_mann_whitney, clustered_z,
-                                  conformal_p, icc_of_ranks, mann_whitney_greater, rank_auc, sign_flip_test, t_sf)
+                                  conformal_p, episode_outlier_p, episode_t_greater, icc_of_ranks, mann_whitney_greater,
+                                  rank_auc, sign_flip_test, t_isf, t_sf, t_to_z)
 
 
 def _episodes(rng, k: int, blocks: int, rho: float, shift: float = 0.0):
@@ -88,6 +89,7 @@ def test_t_tail_matches_tables():
     for t, df, p in [(2.132, 4, 0.05), (7.173, 4, 0.001), (2.947, 15, 0.005), (1.0, 1, 0.25), (0.0, 7, 0.5)]:
         assert abs(t_sf(t, df) - p) < 2e-4 * max(1.0, p / 1e-3)
     assert abs(t_sf(-1.5, 10) - (1 - t_sf(1.5, 10))) < 1e-12
+    assert abs(t_isf(0.05, 4) - 2.132) < 1e-3 and abs(t_to_z(t_isf(0.01, 9), 9) - 2.3263) < 1e-3
 
 
 def test_icc_of_ranks_recovers_episode_effect():
@@ -151,3 +153,34 @@ def test_block_mmd_permutes_episodes():
     assert np.mean(np.array(grouped) < 0.05) <= 0.15
     (x, gx), (y, gy) = blocks(6, shift=4.0), blocks(12)
     assert block_mmd_test(x, y, rng, permutations=100, x_groups=gx, y_groups=gy)[1] < 0.05
+
+
+def test_episode_level_tests_keep_alpha_and_grow_with_the_gap():
+    """Episodes as units: the pooled Welch t of episode means and the one-episode prediction test
+    keep alpha on dependent, right-skewed block scores, and (unlike a rank test of a few episodes,
+    which saturates once every checked block beats every real one) give smaller p for larger gaps."""
+    rng = np.random.default_rng(7)
+
+    def skewed(k, blocks, shift=0.0):  # log-normal block scores with an episode effect (rho 0.4)
+        v, g = _episodes(rng, k, blocks, 0.4, shift)
+        return np.exp(v), g
+
+    pooled, single = [], []
+    for _ in range(600):
+        y, gy = skewed(12, 3)
+        x, gx = skewed(8, 3)
+        pooled.append(episode_t_greater(x, gx, y, gy, log=True))
+        x1, _ = skewed(1, 3)
+        single.append(episode_outlier_p(x1, y, gy, log=True))
+    for ps in (pooled, single):
+        assert np.mean(np.array(ps) < 0.05) <= 0.05 + 0.03
+        assert np.mean(np.array(ps) < 0.05) >= 0.015  # not a test that never rejects
+    y, gy = skewed(12, 3)
+    p_small, p_large = (episode_t_greater(*skewed(8, 3, shift), y, gy, log=True) for shift in (3.0, 8.0))
+    assert p_large < p_small < 1e-3
+    # a rank test of the same blocks saturates: both shifts put every checked block above every real one
+    x6, g6 = skewed(8, 3, 6.0)
+    x9, g9 = skewed(8, 3, 9.0)
+    assert min(x6.min(), x9.min()) > y.max()
+    assert clustered_mann_whitney(x6, g6, y, gy) == clustered_mann_whitney(x9, g9, y, gy)
+    assert episode_t_greater(x9, g9, y, gy, log=True) < episode_t_greater(x6, g6, y, gy, log=True)
