@@ -43,7 +43,7 @@ from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import latent_features, score_blocks
 from wmcheck.checks.stats import (block_mmd_test, cluster_bootstrap, conformal_p, episode_outlier_p, episode_t_greater,
-                                  rank_auc)
+                                  paired_episode_t_greater, rank_auc)
 from wmcheck.checks.transforms import actuator_correction, shift_actions
 from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.logformat import open_log
@@ -170,7 +170,20 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
 
     # ---- pooled test over competent blocks
     comp_idx = np.flatnonzero(competent)
-    pooled_p = {s: (test(comp_idx, s) if len(comp_idx) else float("nan")) for s in SCORES}
+    # Replays of logged conditions (the checked blocks' exogenous inputs equal held-out real
+    # blocks'): the pooled test compares each block with its real counterpart (paired).
+    twin = _real_twins(blocks, cal, len(bundle.channels.get("action_names", [])))  # (n,) real block or -1
+    paired_idx = comp_idx[twin[comp_idx] >= 0]
+    paired = len(comp_idx) > 0 and len(paired_idx) >= 0.5 * len(comp_idx) and len(np.unique(blocks.episode[paired_idx])) >= 2
+
+    def paired_test(s):
+        x, y = getattr(sc, s)[paired_idx], getattr(real, s)[twin[paired_idx]]
+        if s != "nll":
+            floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-12, 1e-12) * 1e-3
+            x, y = np.log(np.maximum(x, floor)), np.log(np.maximum(y, floor))
+        return paired_episode_t_greater(x - y, blocks.episode[paired_idx])
+
+    pooled_p = {s: ((paired_test(s) if paired else test(comp_idx, s)) if len(comp_idx) else float("nan")) for s in SCORES}
     pooled_reject = any(p < a_div / (2 * len(SCORES)) for p in pooled_p.values() if not math.isnan(p))
 
     # ---- attribution on competent blocks
@@ -242,6 +255,9 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
             "skipped_short_episodes": {str(k): v for k, v in blocks.skipped.items()},
             "blocks": int(len(blocks)), "competent_blocks": int(len(comp_idx)),
             "pooled_p_values": {k: _r(v) for k, v in pooled_p.items()},
+            "pooled_test": ("paired: the checked blocks replay held-out real blocks' logged inputs; each is compared with its "
+                            f"real twin, episodes as the units ({len(paired_idx)} of {len(comp_idx)} competent blocks paired)"
+                            if paired else "unpaired: Welch's t of the checked vs the held-out real episodes' mean (log) scores"),
             "alpha": alpha, "tolerated_by_gate": bool(tolerated),
             "message": _message(verdict, top_gap, confounded, gaps, n_ep, n_div, n_unv, power, tolerated, pol, main_verdict, alpha,
                                 shift_confounded, pooled_reject),
@@ -456,6 +472,22 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
     for g in confounded:
         gaps[g]["confounded_with"] = [o for o in confounded if o != g]
     return gaps, top, confounded
+
+
+def _real_twins(blocks, cal, n_actions: int, tol: float = 1e-4) -> np.ndarray:
+    """For every checked block, the held-out real block whose exogenous inputs (normalised, every
+    horizon step) it repeats, or -1: (n,). A simulator replaying logged periods with their logged
+    weather / load / setpoints has twins; one driven by its own scenarios has none. Models without
+    exogenous inputs never pair (commands alone do not identify a period)."""
+    n = len(blocks)
+    ctrl_r = cal.real_controls
+    ctrl_c = block_controls(blocks)
+    if ctrl_r is None or ctrl_c.shape[-1] <= n_actions or ctrl_r.shape[1:] != ctrl_c.shape[1:]:
+        return np.full(n, -1)
+    inp_c, inp_r = ctrl_c[..., n_actions:], ctrl_r[..., n_actions:]  # (n, H, E), (m, H, E)
+    dist = np.abs(inp_c[:, None] - inp_r[None]).max(axis=(2, 3))  # (n, m) largest input difference
+    best = dist.argmin(1)
+    return np.where(dist[np.arange(n), best] <= tol, best, -1)
 
 
 def _gap(evidence, estimate, ci, tolerated=False, explanation="", **extra) -> dict:

@@ -25,7 +25,8 @@ GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "distributi
 @dataclass
 class CheckConfig:
     alpha: float = 0.05
-    """False-alarm budget per checked run (union bound over scores, episodes and the pooled test)."""
+    """False-alarm budget per checked run: half for the divergence tests (union bound over scores,
+    episodes and the pooled test), half for the four gap tests (alpha / 8 each); see check.py."""
     context: int = 16
     """Steps observed before imagining (the reference's report protocol)."""
     horizon: int = 48

@@ -235,7 +235,8 @@ def _fmt(v) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_fmt(x) for x in v) + "]"
     if isinstance(v, dict):
-        return ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items() if k not in ("per_channel", "per_horizon_ratio", "photometric", "per_episode_distance_ratio"))
+        return ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items()
+                         if k not in ("per_channel", "per_horizon_ratio", "photometric", "per_episode_distance_ratio") and x != {})
     return str(v)
 
 
