@@ -36,6 +36,10 @@ def test_wind_demo_runs_end_to_end(tmp_path):
         assert str(out / name / "report.html") in proc.stdout
         reports.append(report)
     assert reports[0]["provenance"]["rollouts_source"] == "sim" and reports[1]["provenance"]["rollouts_source"] == "policy"
+    # the simulator replays the held-out weeks' logged weather and commands: every block has a real
+    # twin and the pooled test is paired; the policy's yaw changes the vane angle, so it has none
+    assert reports[0]["summary"]["pooled_test"].startswith("paired"), reports[0]["summary"]["pooled_test"]
+    assert reports[1]["summary"]["pooled_test"].startswith("unpaired"), reports[1]["summary"]["pooled_test"]
     assert proc.returncode == max(r["exit_code"] for r in reports)
     assert f"tensorboard --logdir {out}" in proc.stdout
 
