@@ -48,7 +48,7 @@ from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import latent_features, score_blocks
 from wmcheck.checks.stats import (block_mmd_test, cluster_bootstrap, conformal_p, episode_outlier_p, episode_t_greater,
-                                  paired_episode_t_greater, rank_auc)
+                                  log_pair, paired_episode_t_greater, rank_auc)
 from wmcheck.checks.transforms import actuator_correction, shift_actions
 from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.logformat import open_log
@@ -184,8 +184,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     def paired_test(s):
         x, y = getattr(sc, s)[paired_idx], getattr(real, s)[twin[paired_idx]]
         if s != "nll":
-            floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-12, 1e-12) * 1e-3
-            x, y = np.log(np.maximum(x, floor)), np.log(np.maximum(y, floor))
+            x, y = log_pair(x, y)
         return paired_episode_t_greater(x - y, blocks.episode[paired_idx])
 
     pooled_p = {s: ((paired_test(s) if paired else test(comp_idx, s)) if len(comp_idx) else float("nan")) for s in SCORES}

@@ -1,19 +1,21 @@
 """Statistics for the checks: blocks of consecutive steps are the sample units, episodes the clusters.
 
-Owns: the one-sided Mann-Whitney U test (checked blocks vs held-out real blocks), its effect size
-(the probability that a checked block scores higher than a real one, 0.5 = indistinguishable),
-the clustered version of both tests (blocks of one episode are dependent: they share its initial
-conditions, weather, operator), conformal p-values of single blocks, the episode (cluster)
-bootstrap used for confidence intervals and for the null distribution of search-based
-statistics, and the MMD two-sample test whose permutations exchange whole episodes.
+Owns: the one-sided Mann-Whitney U test (checked blocks vs held-out real blocks) and its effect size
+(the probability that a checked block scores higher than a real one, 0.5 = indistinguishable);
+the episode-level tests the verdicts use (Welch's t of episode means, its paired version for
+replays of logged conditions, and the random-effects prediction test of one episode against a new
+real one), with an exact Student-t tail; the clustered rank test (design effect of the episodes,
+Kish, with the rank intra-class correlation of the real episodes, after Rosner, Glynn & Lee,
+Biometrics 2003) for block samples that are cut further (operating-regime bins); conformal
+p-values of single blocks; the episode (cluster) bootstrap and resampling used for intervals and
+for the null distribution of search statistics; the MMD two-sample test whose permutations
+exchange whole episodes.
 
 Steps inside a trajectory are autocorrelated, so nothing here treats steps as i.i.d.: every
 sample unit is a block of consecutive steps (calibration and checks cut the same blocks). Blocks
-of one episode are not independent either: a test that counts them as independent units is
-anti-conservative (its false-alarm rate exceeds alpha), so the checks pass episode labels and the
-rank tests inflate their variance by the design effect of that clustering (Kish), with the
-intra-class correlation of the ranks measured on the held-out real episodes (the clustered
-Wilcoxon test of Rosner, Glynn & Lee, Biometrics 2003, in its large-sample form).
+of one episode are not independent either (they share its initial conditions, weather, operator):
+a test that counts them as independent units is anti-conservative (its false-alarm rate exceeds
+alpha), so the checks pass episode labels, and episodes are the units of every verdict test.
 """
 from __future__ import annotations
 
@@ -217,7 +219,7 @@ def episode_outlier_p(x: np.ndarray, y: np.ndarray, y_groups: np.ndarray, log: b
     """
     x, y = np.asarray(x, float), np.asarray(y, float)
     if log:
-        x, y = _log_pair(x, y)
+        x, y = log_pair(x, y)
     labels, inv, sizes = np.unique(np.asarray(y_groups), return_inverse=True, return_counts=True)
     k, N = len(labels), len(y)
     if k < 2 or len(x) == 0:
@@ -239,7 +241,7 @@ def episode_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return np.bincount(inv, weights=np.asarray(values, float)) / sizes
 
 
-def _log_pair(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def log_pair(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """log of positive, right-skewed scores, with a floor 1000x below the smallest positive real value."""
     floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-12, 1e-12) * 1e-3
     return np.log(np.maximum(x, floor)), np.log(np.maximum(y, floor))
@@ -257,7 +259,7 @@ def episode_t(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.n
     right-skewed statistics). Returns (t, df); (nan, nan) with fewer than 2 real episodes."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     if log:
-        x, y = _log_pair(x, y)
+        x, y = log_pair(x, y)
     mx, my = episode_means(x, x_groups), episode_means(y, y_groups)
     kx, ky = len(mx), len(my)
     if kx == 0 or ky < 2:
@@ -317,19 +319,6 @@ def variance_inflation(deff_x: float, deff_y: float, n: int, m: int) -> float:
     """Factor by which clustering inflates the Mann-Whitney variance: its x part (share m / (n + m))
     times deff_x plus its y part (share n / (n + m)) times deff_y."""
     return (deff_x * m + deff_y * n) / (n + m)
-
-
-def clustered_z(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray,
-                rho: float | None = None) -> float:
-    """The Mann-Whitney z of x against y divided by the square root of the clustering's variance
-    inflation (rho of the ranks within y's groups, unless given): a z whose null spread stays
-    about 1 when blocks of one episode are dependent. Used by the attribution tests."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    rho = icc_of_ranks(y, y_groups) if rho is None else float(rho)
-    z = mann_whitney_z(x, y)
-    if rho <= 0 or not len(x) or not len(y):
-        return z
-    return z / math.sqrt(variance_inflation(design_effect(x_groups, rho), design_effect(y_groups, rho), len(x), len(y)))
 
 
 def cluster_bootstrap(rng: np.random.Generator, groups: np.ndarray, reps: int) -> list[np.ndarray]:
