@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
 import json
 import math
 import os
-import platform
 import shutil
 import sys
 import time
@@ -64,7 +62,7 @@ from wmcheck.datasets.logformat import open_log, write_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import Recorder
 from wmcheck.datasets.split import split_episodes
-from wmcheck.scripts.atomic import write_text_atomic
+from wmcheck.scripts.bench_report import finish, machine_info, write_results
 from wmcheck.training.checkpoint import load_model
 from wmcheck.training.config import TrainConfig
 from wmcheck.training.run import build_run_config, train
@@ -555,14 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = {n: known[n] for n in names}
     out = Path(args.out)
     started = time.perf_counter()
-    info = {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "python": sys.version.split()[0],
-            "torch": torch.__version__, "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "device": args.device, "workers": args.workers,
-            "config": args.config, "command": " ".join(["scripts/bench_detection.py", *(argv if argv is not None else sys.argv[1:])])}
-    try:
-        info["loadavg_start"] = list(os.getloadavg())
-    except OSError:
-        pass
+    info = machine_info(device=args.device, workers=args.workers, config=args.config,
+                        command=" ".join(["scripts/bench_detection.py", *(argv if argv is not None else sys.argv[1:])]))
     systems = []
     for name, spec in specs.items():
         if args.quick:
@@ -570,11 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         r = run_system(spec, out / "work" / name, args)
         systems.append(r)
         print(system_markdown(r), flush=True)
-    try:
-        info["loadavg_end"] = list(os.getloadavg())
-    except OSError:
-        pass
-    info["total_seconds"] = time.perf_counter() - started
+    finish(info, started)
     md = "\n".join([f"# Detection benchmark ({info['date']}, config {args.config}{', quick' if args.quick else ''})", "",
                     f"A check flags a simulator when its verdict is not `pass`; baselines flag at p < alpha = {CHECK_CONFIG.alpha}. "
                     "AUROC: `summary.score` (baselines: their block scores) of the gapped simulators against the faithful controls. "
@@ -582,11 +570,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"(mean over the cell's checks). {info['cpu_count']} CPUs, {info['torch_threads']} torch thread(s), "
                     f"{args.workers} check worker(s), training on {args.device}; total {info['total_seconds']:.0f} s.", ""]
                    + [system_markdown(s) for s in systems])
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "bench_detection.json", json.dumps(
-        {"benchmark": "detection", "version": BENCH_VERSION, "machine": info, "quick": args.quick, "systems": systems}, indent=2))
-    write_text_atomic(out / "bench_detection.md", md)
-    print(f"wrote {out / 'bench_detection.json'} and {out / 'bench_detection.md'} ({info['total_seconds']:.0f} s)", flush=True)
+    write_results(out, "bench_detection",
+                  {"benchmark": "detection", "version": BENCH_VERSION, "machine": info, "quick": args.quick, "systems": systems}, md)
     return 0
 
 

@@ -26,10 +26,6 @@ with the reference's B=16 throughput (marked "B=16 ref").
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -38,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from wmcheck.scripts.bench_report import load_average, machine_info, write_results
 from wmcheck.training.optim import LaProp
 from wmcheck.worldmodel import WorldModel, preset
 
@@ -150,19 +147,9 @@ def parse_batches(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def machine_info(device: torch.device) -> dict:
-    info = {
-        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": str(device),
-    }
-    try:
-        info["loadavg_start"] = list(os.getloadavg())
-    except OSError:
-        pass
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
+def device_info(device: torch.device) -> dict:
+    """The machine (bench_report.machine_info) with the device, and the GPU's name on CUDA."""
+    return machine_info(device=str(device), **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}))
 
 
 def markdown(rows: list[dict], info: dict) -> str:
@@ -221,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         presets, batches, warmup, steps, max_s = ["debug"], [(4, 8), (8, 8)], 1, 2, 5.0
 
-    info = machine_info(device)
+    info = device_info(device)
     print(f"training speed on {device} ({info['torch_threads']} torch threads, load {info.get('loadavg_start')})", flush=True)
     rows = []
     for name in presets:
@@ -230,19 +217,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             print(f"  {name:8s} B={B:<4d} T={T:<3d} {r['s_per_step']:.3f} s/step  {r['env_steps_per_s']:8.0f} env-steps/s"
                   + (f"  ratio {r['ratio']:.2f}x" if r["ratio"] is not None else ""), flush=True)
-    try:
-        info["loadavg_end"] = list(os.getloadavg())
-    except OSError:
-        pass
+    load = load_average()
+    if load is not None:
+        info["loadavg_end"] = load
     md = markdown(rows, info)
     print()
     print(md)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_train.json").write_text(json.dumps({"benchmark": "train_speed", "version": 1, "machine": info,
-                                                      "quick": args.quick, "rows": rows}, indent=2))
-    (out / "bench_train.md").write_text(md)
-    print(f"wrote {out / 'bench_train.json'} and {out / 'bench_train.md'}")
+    write_results(Path(args.out), "bench_train",
+                  {"benchmark": "train_speed", "version": 1, "machine": info, "quick": args.quick, "rows": rows}, md)
     return 0
 
 

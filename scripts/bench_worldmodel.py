@@ -28,10 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
 import json
-import os
-import platform
 import shutil
 import sys
 import time
@@ -44,6 +41,7 @@ import torch
 from wmcheck.datasets.split import split_episodes
 from wmcheck.datasets.windows import WindowSampler
 from wmcheck.scripts.baselines_openloop import ARX, persistence, select_arx, step_seqs_from_batches
+from wmcheck.scripts.bench_report import finish, machine_info, write_results
 from wmcheck.training.checkpoint import load_model
 from wmcheck.training.config import TrainConfig
 from wmcheck.training.datamodule import LogDataModule
@@ -266,13 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     started = time.perf_counter()
-    info = {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "python": sys.version.split()[0],
-            "torch": torch.__version__, "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "device": args.device}
-    try:
-        info["loadavg_start"] = list(os.getloadavg())
-    except OSError:
-        pass
+    info = machine_info(device=args.device)
     results = []
     for name in [s.strip() for s in args.systems.split(",") if s.strip()]:
         if name not in SYSTEMS:
@@ -288,21 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         r = run_system(spec, out / "work" / name, args)
         results.append(r)
         print(system_table(r), flush=True)
-    try:
-        info["loadavg_end"] = list(os.getloadavg())
-    except OSError:
-        pass
-    info["total_seconds"] = time.perf_counter() - started
+    finish(info, started)
     md = "\n".join([f"# World-model open-loop benchmark ({info['date']})", "",
                     f"NRMSE (RMSE / training std, mean over observation channels) on held-out windows; "
                     f"{info['cpu_count']} CPUs, {info['torch_threads']} torch threads, device {info['device']}, "
                     f"total {info['total_seconds']:.0f} s.", ""] + [system_table(r) for r in results])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_worldmodel.json").write_text(json.dumps(
-        {"benchmark": "worldmodel_openloop", "version": 1, "machine": info, "quick": args.quick, "systems": results},
-        indent=2))
-    (out / "bench_worldmodel.md").write_text(md)
-    print(f"wrote {out / 'bench_worldmodel.json'} and {out / 'bench_worldmodel.md'} ({info['total_seconds']:.0f} s)")
+    write_results(out, "bench_worldmodel",
+                  {"benchmark": "worldmodel_openloop", "version": 1, "machine": info, "quick": args.quick, "systems": results}, md)
     return 0
 
 
