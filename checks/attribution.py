@@ -119,7 +119,7 @@ def allowed_corrections(norm, episodes, c: int, kind: str, grid: np.ndarray, uni
     return share <= max(share[ident], competence_alpha)
 
 
-def _improvement(mat: np.ndarray, identity: int, idx: np.ndarray | None = None) -> tuple[float, int]:
+def paired_improvement(mat: np.ndarray, identity: int, idx: np.ndarray | None = None) -> tuple[float, int]:
     """Paired t-statistic of the best candidate's improvement over the identity on blocks idx.
 
     mat (G, n): J per candidate and block. The best candidate minimises mean J; the statistic is
@@ -135,6 +135,16 @@ def _improvement(mat: np.ndarray, identity: int, idx: np.ndarray | None = None) 
     if sd <= 0:
         return (float("inf") if diff.mean() > 0 else 0.0), best
     return float(diff.mean() / (sd / np.sqrt(len(diff)))), best
+
+
+def only_allowed(mat: np.ndarray, allowed: np.ndarray | None, identity: int) -> np.ndarray:
+    """J matrix (G, n) with the candidates the model cannot judge (allowed False) set to +inf, so
+    no search picks them; the identity always stays."""
+    if allowed is None:
+        return mat
+    allowed = np.asarray(allowed, bool).copy()
+    allowed[identity] = True
+    return np.where(allowed[:, None], mat, np.inf)
 
 
 def null_quantile(real: np.ndarray, identity: int, n: int, alpha: float, rng: np.random.Generator,
@@ -153,7 +163,7 @@ def null_quantile(real: np.ndarray, identity: int, n: int, alpha: float, rng: np
     def draw():
         return rng.integers(0, m, size=n) if real_groups is None else cluster_resample(rng, real_groups, n)
 
-    vals = [min(_improvement(real, identity, draw())[0], 1e6) for _ in range(reps)]  # inf: one block, or identical J
+    vals = [min(paired_improvement(real, identity, draw())[0], 1e6) for _ in range(reps)]  # inf: one block, or identical J
     floor = NormalDist().inv_cdf(1 - alpha)
     return float(max(np.quantile(vals, 1 - alpha), floor))
 
@@ -177,16 +187,13 @@ def evaluate_search(checked: np.ndarray, real: np.ndarray, grid: np.ndarray, ide
     allowed (G,): the candidates the model can judge (the others are left out of the search, on
     the checked and on the real side alike, so the null keeps the same selection effect)."""
     if allowed is not None:
-        allowed = np.asarray(allowed, bool).copy()
-        allowed[identity] = True
-        checked = np.where(allowed[:, None], checked, np.inf)
-        real = np.where(allowed[:, None], real, np.inf)
+        checked, real = only_allowed(checked, allowed, identity), only_allowed(real, allowed, identity)
     n = checked.shape[1]
     thr = null_quantile(real, identity, n, alpha, rng, reps, real_groups)
-    t, best = _improvement(checked, identity)
+    t, best = paired_improvement(checked, identity)
     boots, ests = [], []
     for idx in boot_idx:
-        b_t, b_best = _improvement(checked, identity, idx)
+        b_t, b_best = paired_improvement(checked, identity, idx)
         boots.append(min(b_t, 1e6) / thr)
         ests.append(grid[b_best])
     lo, hi = np.quantile(ests, [0.05, 0.95])

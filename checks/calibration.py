@@ -28,7 +28,7 @@ import torch
 
 from wmcheck.checks.attribution import SearchMatrices, allowed_corrections, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
-from wmcheck.checks.config import SCORES, CheckConfig
+from wmcheck.checks.config import SCORES, CheckConfig, split_alpha
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.stats import episode_t_greater, mann_whitney_greater
 from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
@@ -151,10 +151,10 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
     report says so); at or above the target the held-out episodes differ among themselves (e.g.
     seasons) as much as an injected gap would make them, so the power is reported as unreliable
     and no smallest size is claimed."""
-    from wmcheck.checks.attribution import _improvement, null_quantile, residual_evidence
+    from wmcheck.checks.attribution import null_quantile, only_allowed, paired_improvement, residual_evidence
 
     rng = np.random.default_rng(seed)
-    a_div, a_gap = alpha / 2, alpha / 8  # the check's split of the budget (check.py)
+    a_div, a_gap = split_alpha(alpha)  # the check's split of the budget
     ep_b, ep_a = cal.power.get("control_episode"), cal.power.get("null_episode")
     null = cal.power["null"]
     control = cal.power.get("control")
@@ -184,14 +184,12 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
     def searches_fire(entry, idx) -> bool:
         if not have_search:
             return False
-        if "search_latency" in entry and _improvement(entry["search_latency"], lat_id, idx)[0] >= thr["latency"]:
+        if "search_latency" in entry and paired_improvement(entry["search_latency"], lat_id, idx)[0] >= thr["latency"]:
             return True
         for k, t in thr.items():
             if k.startswith("gain:") and f"search_{k}" in entry:
-                mat = entry[f"search_{k}"]
-                allowed = entry.get(f"allowed_{k}", np.ones(len(mat), bool)).astype(bool)
-                mat = np.where(allowed[:, None], mat, np.inf)
-                if _improvement(mat, gain_id, idx)[0] >= t:
+                mat = only_allowed(entry[f"search_{k}"], entry.get(f"allowed_{k}"), gain_id)
+                if paired_improvement(mat, gain_id, idx)[0] >= t:
                     return True
         return False
 

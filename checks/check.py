@@ -43,7 +43,7 @@ import numpy as np
 from wmcheck.checks import attribution as attr
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.calibration import Calibration, power_table
-from wmcheck.checks.config import COMPETENCE, SCORES, Gate
+from wmcheck.checks.config import COMPETENCE, DYNAMICS_GAPS, SCORES, Gate, split_alpha
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import latent_features, score_blocks
@@ -135,7 +135,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     # ---- per-episode verdicts
     ep_ids = [e.id for e in checked_eps]
     n_ep = len(ep_ids)
-    a_div = alpha / 2  # the divergence tests' half of the budget; the gap tests get the other half
+    a_div, a_gap = split_alpha(alpha)  # the divergence tests' level; each gap test's level
     a_ep = a_div / (2 * len(SCORES) * n_ep)
     a_comp = alpha / (2 * n_ep)
     div_q = np.quantile(real.div_curve, 1 - alpha, axis=0)  # (H,) per-horizon threshold for the onset
@@ -191,7 +191,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     pooled_reject = any(p < a_div / (2 * len(SCORES)) for p in pooled_p.values() if not math.isnan(p))
 
     # ---- attribution on competent blocks
-    gaps, top_gap, confounded = _attribute(model, norm, cal, sc, checked_eps, blocks, comp_idx, alpha - a_div, gate, meta, rng, seed)
+    gaps, top_gap, confounded = _attribute(model, norm, cal, sc, checked_eps, blocks, comp_idx, a_gap, gate, meta, rng, seed)
     gaps["visual"] = _visual(model, run_dir, checked_eps, alpha, clip_model, gate.tolerances.get("visual"))
 
     # ---- distribution
@@ -218,7 +218,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     visual_present = gaps["visual"]["verdict"] == "present"
     if top_gap == "none" and not confounded and visual_present:
         top_gap = "visual"
-    gap_present = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] == "present"]
+    gap_present = [g for g in DYNAMICS_GAPS if gaps[g]["verdict"] == "present"]
     # The residual tests (sensor_noise, dynamics) compare residual levels with the real blocks',
     # which depend on the states visited: when the visited states differ too (distribution), a
     # residual difference alone cannot be told from the shift, so it makes the run unverifiable,
@@ -278,7 +278,7 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
         "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "alpha": alpha, "gaps": power},
         "thresholds": {"source": gate.source if gate.source != "defaults" else "calibration",
                        "alpha": alpha, "competence_alpha": comp_alpha, "support_bound": support_bound, "episode_alpha": a_ep,
-                       "pooled_alpha": a_div / (2 * len(SCORES)), "gap_alpha": (alpha - a_div) / 4,
+                       "pooled_alpha": a_div / (2 * len(SCORES)), "gap_alpha": a_gap,
                        "calibration_blocks": int(len(real.divergence)),
                        "calibration_warning": cal.info.get("warning")},
         "provenance": {
@@ -319,26 +319,26 @@ def _embedding(model, blocks, cal, rng, per_side: int = 500) -> dict:
 
 
 def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, rng, seed):
+    """The gap rows and the top gap; alpha is the level of each gap test (config.split_alpha)."""
     cfg = cal.config
     gaps: dict[str, dict] = {"visual": {"verdict": "not_checked", "evidence": None, "estimate": None, "ci": None,
                                         "explanation": "the logs have no image observations"}}
     if len(comp_idx) == 0:
-        for g in ("latency", "actuator", "sensor_noise", "dynamics"):
+        for g in DYNAMICS_GAPS:
             gaps[g] = {"verdict": "not_checked", "evidence": None, "estimate": None, "ci": None,
                        "explanation": "no block lies inside the model's competence"}
         return gaps, "none", []
     astd = norm.std["action"].astype(float)
-    chk = attr.search_matrices(model, eps, norm, cfg, astd)
+    lat_search = attr.search_matrices(model, eps, norm, cfg, astd, actuator=False)  # the actuator searches follow it
     ck_ep, real_ep = blocks.episode[comp_idx], cal.real_episode  # the clusters: episodes
     boot_idx = cluster_bootstrap(rng, ck_ep, cfg.bootstrap)  # resample checked episodes, not blocks
     reps = cfg.bootstrap
     dt = meta.dt
-    alpha = alpha / 4  # Bonferroni over the four dynamics-family gap tests (latency, actuator, sensor, dynamics)
     # latency
-    delays = chk.delays
-    lat = attr.evaluate_search(chk.latency[:, comp_idx], cal.real_search.latency, delays, int(np.flatnonzero(delays == 0)[0]),
+    delays = lat_search.delays
+    lat = attr.evaluate_search(lat_search.latency[:, comp_idx], cal.real_search.latency, delays, int(np.flatnonzero(delays == 0)[0]),
                                alpha, rng, reps, boot_idx, real_ep)
-    d_best, d_ci = attr.registered_delay(chk.latency[:, comp_idx], cal.real_search.latency, delays, boot_idx)
+    d_best, d_ci = attr.registered_delay(lat_search.latency[:, comp_idx], cal.real_search.latency, delays, boot_idx)
     tol = gate.tolerances.get("latency", {}).get("max_steps")
     gaps["latency"] = _gap(lat.evidence, {"steps": d_best, "seconds": (d_best * dt if dt else None),
                                           "direction": f"the simulator lacks ~{d_best} step(s) of latency (responds earlier than reality)" if d_best > 0 else
@@ -359,7 +359,7 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
     act_eps = eps
     if gaps["latency"]["verdict"] in ("present", "tolerated") and d_best != 0:
         act_eps = [shift_actions(e, d_best) for e in eps]
-        chk = attr.search_matrices(model, eps, norm, cfg, astd, latency=False, actuator_episodes=act_eps)
+    chk = attr.search_matrices(model, eps, norm, cfg, astd, latency=False, actuator_episodes=act_eps)
     names = norm.names["action"]
     n_search = max(1, len(chk.actuator))
     results, untested = {}, {}
@@ -471,7 +471,7 @@ def _attribute(model, norm, cal, sc, eps, blocks, comp_idx, alpha, gate, meta, r
                           f"horizon steps 1-{max(1, H // 4)}, x{per_h[H // 2 :].mean():.2g} over {H // 2 + 1}-{H}")
     boot = {"latency": lat.boot_evidence, "actuator": act_boot, "sensor_noise": sens["boot_evidence"],
             "dynamics": sens["dynamics_boot_evidence"]}
-    present = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] in ("present", "tolerated")]
+    present = [g for g in DYNAMICS_GAPS if gaps[g]["verdict"] in ("present", "tolerated")]
     top, confounded = attr.separate_top(boot, present)
     for g in confounded:
         gaps[g]["confounded_with"] = [o for o in confounded if o != g]
@@ -539,8 +539,8 @@ def _message(verdict, top, confounded, gaps, n_ep, n_div, n_unv, power, tolerate
         parts.append(f"FAIL: {n_div} of {n_ep} episode(s) diverge from reality.")
     elif verdict == "fail" and gaps["visual"]["verdict"] == "present":
         parts.append("FAIL: the checked camera frames differ from the real camera's (visual gap).")
-    elif verdict == "fail" and not pooled and any(gaps[g]["verdict"] == "present" for g in ("latency", "actuator", "sensor_noise", "dynamics")):
-        found = [g for g in ("latency", "actuator", "sensor_noise", "dynamics") if gaps[g]["verdict"] == "present"]
+    elif verdict == "fail" and not pooled and any(gaps[g]["verdict"] == "present" for g in DYNAMICS_GAPS):
+        found = [g for g in DYNAMICS_GAPS if gaps[g]["verdict"] == "present"]
         parts.append(f"FAIL: the gap tests find {', '.join(found)} (no single episode and not the pooled divergence test "
                      f"flags it: the gap is small but systematic).")
     elif verdict == "fail":

@@ -20,6 +20,15 @@ POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
 """Field practice before hardware time: >= 1,000 simulator episodes across the task distribution,
 simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "distribution")
+DYNAMICS_GAPS = ("latency", "actuator", "sensor_noise", "dynamics")
+"""The attribution's gap tests; each one found present fails a check."""
+
+
+def split_alpha(alpha: float) -> tuple[float, float]:
+    """The false-alarm budget of a check, split: (level of the divergence tests, level of each gap
+    test). Half goes to the divergence tests (per-episode and pooled), half to the four gap tests
+    (alpha / 8 each). Checks and the power table that predicts them both use this."""
+    return alpha / 2, alpha / 2 / len(DYNAMICS_GAPS)
 
 
 @dataclass
