@@ -32,33 +32,52 @@ from wmcheck.checks.scoring import attribution_objective, one_step_nll
 from wmcheck.checks.transforms import actuator_correction, shift_actions
 
 
+ACTUATOR_KINDS = ("gain", "offset", "deadband")
+"""The actuator corrections searched, one factor at a time per command channel."""
+
+
 @dataclass
 class SearchMatrices:
     """J[candidate, block] for every search; computed for real blocks (calibration) and checked ones."""
 
     delays: np.ndarray  # (Ld,) candidate delays
-    latency: np.ndarray  # (Ld, n)
-    act_values: dict[str, np.ndarray] = field(default_factory=dict)  # "gain"/"offset"/"deadband" -> (G,) grid
-    actuator: dict[str, np.ndarray] = field(default_factory=dict)  # "gain:c" -> (G, n)
+    latency: np.ndarray  # (Ld, n); (0, 0) when the latency search was not run
+    act_values: dict[str, np.ndarray] = field(default_factory=dict)  # kind -> (G,) grid
+    actuator: dict[str, np.ndarray] = field(default_factory=dict)  # kind -> (C, G, n): channel, candidate, block
 
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
         out = {f"{prefix}delays": self.delays, f"{prefix}latency": self.latency}
-        for k, v in self.act_values.items():
-            out[f"{prefix}grid_{k}"] = v
-        for k, v in self.actuator.items():
-            out[f"{prefix}act_{k}"] = v
+        for kind in self.act_values:
+            out[f"{prefix}grid_{kind}"] = self.act_values[kind]
+            out[f"{prefix}actuator_{kind}"] = self.actuator[kind]
         return out
 
     @classmethod
     def from_arrays(cls, arrays, prefix: str) -> "SearchMatrices":
-        grids = {k[len(prefix) + 5 :]: np.asarray(arrays[k]) for k in arrays if k.startswith(prefix + "grid_")}
-        act = {k[len(prefix) + 4 :]: np.asarray(arrays[k]) for k in arrays if k.startswith(prefix + "act_")}
-        return cls(np.asarray(arrays[prefix + "delays"]), np.asarray(arrays[prefix + "latency"]), grids, act)
+        kinds = [k for k in ACTUATOR_KINDS if f"{prefix}grid_{k}" in arrays]
+        return cls(np.asarray(arrays[prefix + "delays"]), np.asarray(arrays[prefix + "latency"]),
+                   {k: np.asarray(arrays[f"{prefix}grid_{k}"]) for k in kinds},
+                   {k: np.asarray(arrays[f"{prefix}actuator_{k}"]) for k in kinds})
+
+    def searches(self):
+        """(kind, channel, grid, J (G, n)) for every actuator search."""
+        for kind, grid in self.act_values.items():
+            for c in range(self.actuator[kind].shape[0]):
+                yield kind, c, grid, self.actuator[kind][c]
+
+    @property
+    def n_actuator_searches(self) -> int:
+        return sum(m.shape[0] for m in self.actuator.values())
+
+
+def identity_index(kind: str, grid: np.ndarray) -> int:
+    """Index of the no-correction candidate in a grid (gain 1, offset 0, deadband 0, delay 0)."""
+    return int(np.flatnonzero(np.asarray(grid) == (1.0 if kind == "gain" else 0.0))[0])
 
 
 def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray, latency: bool = True,
                     actuator_episodes=None, actuator: bool = True,
-                    kinds: tuple[str, ...] = ("gain", "offset", "deadband")) -> SearchMatrices:
+                    kinds: tuple[str, ...] = ACTUATOR_KINDS) -> SearchMatrices:
     """Evaluate J for every candidate correction on the blocks of `episodes`; the actuator searches
     run on `actuator_episodes` when given (the checked episodes with the latency found already
     corrected: corrections are found in order, each on what the previous ones leave), and the
@@ -79,20 +98,22 @@ def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray, la
     grids = {"gain": np.asarray(cfg.gain_grid), "offset": np.asarray(cfg.offset_grid),
              "deadband": np.asarray(cfg.deadband_grid)}
     grids = {k: v for k, v in grids.items() if k in kinds}
-    act = {}
     if not actuator:
-        return SearchMatrices(delays, latency, grids, act)
+        return SearchMatrices(delays, latency, {}, {})
     base = J(episodes)
-    for c in range(len(action_std)):
-        for kind, grid in grids.items():
+    act = {}
+    for kind, grid in grids.items():
+        per_channel = []
+        for c in range(len(action_std)):
             rows = []
             for v in grid:
-                if (kind == "gain" and v == 1.0) or (kind != "gain" and v == 0.0):
+                if v == (1.0 if kind == "gain" else 0.0):
                     rows.append(base)
                     continue
                 value = v if kind == "gain" else v * action_std[c]
                 rows.append(J([actuator_correction(e, c, kind, value) for e in episodes]))
-            act[f"{kind}:{c}"] = np.stack(rows)
+            per_channel.append(np.stack(rows))  # (G, n)
+        act[kind] = np.stack(per_channel) if per_channel else np.zeros((0, len(grid), len(base)))  # (C, G, n)
     return SearchMatrices(delays, latency, grids, act)
 
 
@@ -115,7 +136,7 @@ def allowed_corrections(norm, episodes, c: int, kind: str, grid: np.ndarray, uni
     correction it only extrapolates to."""
     share = np.array([outside_training_share(norm, [actuator_correction(e, c, kind, v * unit) for e in episodes], c)
                       for v in grid])
-    ident = int(np.flatnonzero(grid == (1.0 if kind == "gain" else 0.0))[0])
+    ident = identity_index(kind, grid)
     return share <= max(share[ident], competence_alpha)
 
 
@@ -233,7 +254,7 @@ def registered_delay(checked: np.ndarray, real: np.ndarray, delays: np.ndarray, 
 
 def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mean: np.ndarray,
                       real_mean: np.ndarray, checked_ac1: np.ndarray, real_ac1: np.ndarray, alpha: float,
-                      rng: np.random.Generator, reps: int, boot_idx, groups: tuple[np.ndarray, np.ndarray]) -> dict:
+                      rng: np.random.Generator, reps: int, boot_idx, groups: tuple[np.ndarray, np.ndarray]) -> "ResidualStats":
     """Sensor-noise and dynamics evidence per channel from the blocks' one-step residual statistics
     (n, D) vs real blocks' (m, D): level (std), bias (mean) and colour (lag-1 autocorrelation).
 
@@ -284,13 +305,32 @@ def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mea
         dyn_boots.append(b_d.max())
         ratio_boot.append(ratio(checked_std[idx], real_std[cluster_resample(rng, gy, m)]))
     ratio_boot = np.asarray(ratio_boot[1:] if len(ratio_boot) > 1 else ratio_boot)
-    return {
-        "evidence_per_channel": ev, "evidence": float(ev.max()), "ratio": ratio(checked_std, real_std),
-        "ratio_interval": (np.quantile(ratio_boot, 0.05, axis=0), np.quantile(ratio_boot, 0.95, axis=0)),
-        "bias": checked_mean.mean(0) - real_mean.mean(0), "boot_evidence": np.asarray(boots),
-        "coloured": coloured, "dynamics_per_channel": dyn, "dynamics_evidence": float(dyn.max()),
-        "dynamics_boot_evidence": np.asarray(dyn_boots),
-    }
+    return ResidualStats(ev, ratio(checked_std, real_std), np.quantile(ratio_boot, 0.05, axis=0),
+                         np.quantile(ratio_boot, 0.95, axis=0), checked_mean.mean(0) - real_mean.mean(0),
+                         coloured, dyn, np.asarray(boots), np.asarray(dyn_boots))
+
+
+@dataclass
+class ResidualStats:
+    """The residual tests' outcome per observation channel (D,), see `residual_evidence`."""
+
+    sensor_per_channel: np.ndarray  # (D,) sensor-noise evidence (level or bias), 0 on coloured channels
+    ratio: np.ndarray  # (D,) residual std, checked / real
+    ratio_lo: np.ndarray  # (D,) 90% episode-bootstrap interval of the ratio
+    ratio_hi: np.ndarray  # (D,)
+    bias: np.ndarray  # (D,) mean residual, checked - real (normalised units)
+    coloured: np.ndarray  # (D,) bool: larger and significantly more coloured residuals (dynamics)
+    dynamics_per_channel: np.ndarray  # (D,) dynamics evidence
+    sensor_boot: np.ndarray  # (reps,) bootstrap of the largest sensor evidence
+    dynamics_boot: np.ndarray  # (reps,)
+
+    @property
+    def sensor_evidence(self) -> float:
+        return float(self.sensor_per_channel.max())
+
+    @property
+    def dynamics_evidence(self) -> float:
+        return float(self.dynamics_per_channel.max())
 
 
 def separate_top(boot: dict[str, np.ndarray], present: list[str], level: float = 0.9) -> tuple[str, list[str]]:
@@ -301,6 +341,8 @@ def separate_top(boot: dict[str, np.ndarray], present: list[str], level: float =
     if len(present) == 1:
         return present[0], []
     mat = np.stack([boot[g] for g in present])  # (G, reps)
+    if mat.shape[1] == 0:  # no bootstrap (the power table): nothing separates them
+        return "none", list(present)
     winners = np.argmax(mat, 0)
     share = np.bincount(winners, minlength=len(present)) / mat.shape[1]
     best = int(np.argmax(share))

@@ -56,11 +56,8 @@ class Blocks:
         parts, parent, starts = [], [], []
         for o in offsets:
             part = self.batch.map(lambda x: x[:, o : o + W].copy())
-            if o > 0:  # a window inside an episode starts from the initial state, as every block does
-                part.is_first[:, 0] = True
-                part.prev_action[:, 0] = 0.0
-                part.prev_input[:, 0] = 0.0
-                part.reward[:, 0] = 0.0
+            if o > 0:  # a window inside a block starts from the initial state, as every block does
+                part.start_from_initial_state()
             parts.append(part)
             parent.append(np.arange(len(self)))
             starts.append(self.start + o)
@@ -98,13 +95,9 @@ def make_blocks(episodes: list[Episode], normalizer: Normalizer, context: int, h
     if not parts:
         raise ValueError(f"no episode has the {L} steps (context {context} + horizon {horizon}) a block needs")
     arrays = {f: np.stack([p[f] for p in parts]) for f in BATCH_FIELDS}  # each (n, L, ...)
-    forced = ~arrays["is_first"][:, 0]
-    arrays["is_first"][:, 0] = True  # every block starts from the initial state, as in training
-    arrays["prev_action"][forced, 0] = 0.0
-    arrays["prev_input"][forced, 0] = 0.0
-    arrays["reward"][forced, 0] = 0.0
     images = {k: np.stack([f[k] for f in frames]) for k in frames[0]}  # {key: (n, L, H, W, C)}
-    return Blocks(Batch(**arrays, images=images), np.asarray(eps), np.asarray(starts), context, skipped)
+    batch = Batch(**arrays, images=images).start_from_initial_state()  # as in training
+    return Blocks(batch, np.asarray(eps), np.asarray(starts), context, skipped)
 
 
 def block_states(blocks: Blocks, k: int = 8) -> np.ndarray:

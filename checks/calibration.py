@@ -11,35 +11,36 @@ Reward resolution: the reward head's mean absolute error per step on the held-ou
 policy checks' return comparisons).
 
 Power: the held-out episodes are split in two halves by episode; gaps of graded size are injected
-into half B (actions delayed, commands scaled, observation noise and bias added) and tested against
-half A with the tests a check runs (the pooled divergence test, the residual tests, and the injected
-gap's own search; see `power_table`); the smallest size detected with probability >= power_target
-is what a pass is worth.
+into half B (actions delayed, commands scaled, observation noise and bias added) and judged against
+half A by the check's own decision (decision.decide on the per-episode and pooled divergence tests,
+the residual tests and the injected gap's own search; see `power_table`); the smallest size
+detected with probability >= power_target is what a pass is worth.
 """
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from wmcheck.checks.attribution import SearchMatrices, allowed_corrections, search_matrices
+from wmcheck.checks.attribution import SearchMatrices, allowed_corrections, identity_index, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import SCORES, CheckConfig, split_alpha
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
-from wmcheck.checks.stats import episode_t_greater, mann_whitney_greater
+from wmcheck.checks.evidence import CheckEvidence, GapEvidence
 from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import split_episodes
-from wmcheck.scripts.atomic import atomic_path, write_text_atomic
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.atomic import atomic_path, write_text_atomic
+from wmcheck.datasets.errors import UserError
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 
-CALIBRATION_VERSION = 3  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests)
+CALIBRATION_VERSION = 4  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+# 4: searches stored per kind (C, G, n), power entries with named fields
 POWER_SIZES = {
     "latency": (1, 2, 3, 4),  # steps the commands are delayed by
     "actuator": (1.1, 1.25, 1.5, 2.0),  # gain on every command channel
@@ -47,6 +48,73 @@ POWER_SIZES = {
     "sensor_bias": (0.1, 0.25, 0.5, 1.0),  # bias, x each channel's training std
 }
 POWER_UNITS = {"latency": "steps", "actuator": "gain", "sensor_noise": "x channel std", "sensor_bias": "x channel std"}
+
+
+RESIDUALS = ("resid_std", "resid_mean", "resid_ac1")  # what the residual (sensor / dynamics) tests need
+POWER_SCORES = SCORES + RESIDUALS
+
+
+@dataclass
+class PowerEntry:
+    """Block statistics of one set of held-out blocks of half B (uninjected, or one injected size)."""
+
+    scores: dict[str, np.ndarray]  # POWER_SCORES -> (n,) or (n, D)
+    search_latency: np.ndarray | None = None  # (Ld, n) the delay search on these blocks
+    search_gain: np.ndarray | None = None  # (C, G, n) the gain search of every command channel
+    allowed_gain: np.ndarray | None = None  # (C, G) the gains the model can judge on these blocks
+
+    OPTIONAL = ("search_latency", "search_gain", "allowed_gain")
+
+    def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        out = {f"{prefix}score_{s}": self.scores[s] for s in POWER_SCORES}
+        out.update({f"{prefix}{k}": getattr(self, k) for k in self.OPTIONAL if getattr(self, k) is not None})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays, prefix: str) -> "PowerEntry":
+        return cls({s: arrays[f"{prefix}score_{s}"] for s in POWER_SCORES},
+                   **{k: arrays.get(f"{prefix}{k}") for k in cls.OPTIONAL})
+
+
+@dataclass
+class InjectedSeries:
+    sizes: tuple  # graded sizes, in `units`
+    units: str
+    entries: list[PowerEntry]  # one per size
+
+
+@dataclass
+class PowerSet:
+    """What the power table needs: half A (the null), half B uninjected (the control) and injected."""
+
+    null: dict[str, np.ndarray]  # POWER_SCORES of half A
+    null_episode: np.ndarray  # (nA,)
+    control: PowerEntry | None = None  # half B as it is; None with fewer than 2 held-out episodes
+    control_episode: np.ndarray | None = None  # (nB,)
+    gaps: dict[str, InjectedSeries] = field(default_factory=dict)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        out = {f"power/null/{s}": self.null[s] for s in POWER_SCORES}
+        out["power/null_episode"] = self.null_episode
+        if self.control is not None:
+            out.update(self.control.to_arrays("power/control/"))
+            out["power/control_episode"] = self.control_episode
+        for gap, series in self.gaps.items():
+            for i, entry in enumerate(series.entries):
+                out.update(entry.to_arrays(f"power/{gap}/{i}/"))
+        return out
+
+    def sizes(self) -> dict:
+        return {gap: {"sizes": list(e.sizes), "units": e.units} for gap, e in self.gaps.items()}
+
+    @classmethod
+    def from_arrays(cls, arrays, sizes: dict) -> "PowerSet":
+        control = PowerEntry.from_arrays(arrays, "power/control/") if "power/control_episode" in arrays else None
+        gaps = {gap: InjectedSeries(tuple(e["sizes"]), e["units"],
+                                    [PowerEntry.from_arrays(arrays, f"power/{gap}/{i}/") for i in range(len(e["sizes"]))])
+                for gap, e in sizes.items()}
+        return cls({s: arrays[f"power/null/{s}"] for s in POWER_SCORES}, arrays["power/null_episode"], control,
+                   arrays.get("power/control_episode"), gaps)
 
 
 @dataclass
@@ -58,32 +126,21 @@ class Calibration:
     real_states: np.ndarray  # (n, k, D + A + E) states visited by the held-out blocks (distribution test)
     support_ref: np.ndarray  # (M, deter)
     support_scale: float
-    power: dict  # gap -> {"sizes", "units", "scores": {size: {score: (nB,)}}, "null": {score: (nA,)}}
+    power: PowerSet
     real_controls: np.ndarray | None = None  # (n, H, A + E) operating conditions of the held-out steps (regimes)
     real_episode: np.ndarray | None = None  # (n,) held-out episode id of every real block (the clusters)
 
     def save(self, run_dir: Path) -> None:
-        arrays = {**self.real.to_arrays("real_"), **self.real_search.to_arrays("realJ_"),
+        arrays = {**self.real.to_arrays("real_"), **self.real_search.to_arrays("realJ_"), **self.power.to_arrays(),
                   "support_ref": self.support_ref.astype(np.float32), "real_states": self.real_states}
         if self.real_controls is not None:
             arrays["real_controls"] = self.real_controls
         if self.real_episode is not None:
             arrays["real_episode"] = self.real_episode
-        for key in ("null_episode", "control_episode"):
-            if self.power.get(key) is not None:
-                arrays[f"powerep_{key}"] = self.power[key]
-        for part in ("null", "control"):
-            for key, arr in (self.power.get(part) or {}).items():
-                arrays[f"power_{part}_{key}"] = arr
-        for gap, entry in self.power["gaps"].items():
-            for i, size in enumerate(entry["sizes"]):
-                for key, arr in entry["scores"][i].items():
-                    arrays[f"power_{gap}_{i}_{key}"] = arr
         with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         meta = {"calibration_version": CALIBRATION_VERSION, "config": self.config.to_dict(), "info": self.info,
-                "support_scale": self.support_scale,
-                "power": {gap: {"sizes": list(e["sizes"]), "units": e["units"]} for gap, e in self.power["gaps"].items()}}
+                "support_scale": self.support_scale, "power": self.power.sizes()}
         write_text_atomic(run_dir / "calibration.json", json.dumps(meta, indent=2, sort_keys=True))
 
     @classmethod
@@ -94,41 +151,14 @@ class Calibration:
             raise UserError(f"{run_dir} has no calibration", f"run `wmcheck calibrate {run_dir}` (train does it at the end)")
         meta = json.loads(jpath.read_text())
         if meta.get("calibration_version") != CALIBRATION_VERSION:
-            raise UserError(f"{jpath} has calibration version {meta.get('calibration_version')}", f"re-run `wmcheck calibrate {run_dir}`")
+            raise UserError(f"{jpath} has calibration version {meta.get('calibration_version')}, this wmcheck reads "
+                            f"{CALIBRATION_VERSION}", f"re-run `wmcheck calibrate {run_dir}`")
         with np.load(npath, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-        def part(prefix):
-            return {k[len(prefix):]: arrays[k] for k in arrays if k.startswith(prefix)}
-
-        power = {"null": part("power_null_"), "gaps": {}}
-        if part("power_control_"):
-            power["control"] = part("power_control_")
-        for key in ("null_episode", "control_episode"):
-            power[key] = arrays.get(f"powerep_{key}")
-        for gap, e in meta["power"].items():
-            power["gaps"][gap] = {"sizes": e["sizes"], "units": e["units"],
-                                  "scores": [part(f"power_{gap}_{i}_") for i in range(len(e["sizes"]))]}
         return cls(CheckConfig.from_dict(meta["config"]), meta["info"], BlockScores.from_arrays(arrays, "real_"),
-                   SearchMatrices.from_arrays(arrays, "realJ_"), arrays["real_states"], arrays["support_ref"], float(meta["support_scale"]), power,
+                   SearchMatrices.from_arrays(arrays, "realJ_"), arrays["real_states"], arrays["support_ref"],
+                   float(meta["support_scale"]), PowerSet.from_arrays(arrays, meta["power"]),
                    arrays.get("real_controls"), arrays.get("real_episode"))
-
-
-def pooled_detect(checked: dict[str, np.ndarray], null: dict[str, np.ndarray], alpha: float,
-                  rng: np.random.Generator | None = None, permutations: int = 20000,
-                  checked_episode: np.ndarray | None = None, null_episode: np.ndarray | None = None) -> tuple[bool, dict[str, float]]:
-    """The pooled test of a check: any score's one-sided p < alpha / (2 * #scores); Welch's t of the
-    episode means of the (log) scores when the episode labels are given (as in a check), otherwise
-    the Mann-Whitney test of the blocks.
-    `permutations`: Monte-Carlo size of the exact test on small samples (the power table, which
-    runs this hundreds of times, uses fewer: its p-values only need to resolve alpha / 6)."""
-    if checked_episode is None or null_episode is None:
-        ps = {s: mann_whitney_greater(checked[s], null[s], rng, permutations) for s in SCORES}
-    else:
-        ps = {s: episode_t_greater(checked[s], checked_episode, null[s], null_episode, log=(s != "nll")) for s in SCORES}
-    return any(p < alpha / (2 * len(SCORES)) for p in ps.values()), ps
-
-
-RESIDUALS = ("resid_std", "resid_mean", "resid_ac1")  # what the residual (sensor / dynamics) tests need
 
 
 def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, reps: int = 100, seed: int = 0) -> dict:
@@ -137,96 +167,117 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
 
     A replicate draws min(n_blocks, available) injected blocks of half B WITHOUT replacement (more
     blocks than exist, with replacement, would replicate blocks and inflate the power), as whole
-    episodes in random order (the last one cut), and runs the check's tests against half A at the
-    check's levels: the pooled divergence test (episodes as the units, alpha / 2 shared over its
-    scores), the residual tests (sensor noise and dynamics, alpha / 8 each) and the injected gap's
-    own search (latency: the delay search; actuator: the gain search of every command channel,
-    over the gains the model can judge), alpha / 8. A replicate is detected when any of them
-    fires, as a check that does not pass. Not simulated: the per-episode tests and the searches
-    for other gap types than the injected one (they can only add detections), so the figures are
-    a lower bound for the injected gap itself.
+    episodes in random order (the last one cut), builds the evidence a check of those blocks would
+    have against half A (evidence.CheckEvidence: the per-episode and pooled divergence tests of
+    divergence.py, the residual tests, and the injected gap's own search: latency the delay search,
+    actuator the gain search of every command channel over the gains the model can judge) and
+    calls the check's decision (decision.decide) at the check's levels for that many episodes. A
+    replicate is detected when the verdict is not `pass`. Not simulated: competence (every
+    injected block counts as competent), the distribution and visual tests, and the searches for
+    other gap types than the injected one (they can only add detections), so the figures are a
+    lower bound for the injected gap itself.
 
     The same draw on the uninjected half B is the control (with every search): its detection rate
     is what the procedure reports for no gap at all. Above alpha the sizes are optimistic (the
     report says so); at or above the target the held-out episodes differ among themselves (e.g.
     seasons) as much as an injected gap would make them, so the power is reported as unreliable
     and no smallest size is claimed."""
-    from wmcheck.checks.attribution import null_quantile, only_allowed, paired_improvement, residual_evidence
-
+    ps = cal.power
+    if ps.control is None or not ps.gaps:
+        return {}
     rng = np.random.default_rng(seed)
-    a_div, a_gap = split_alpha(alpha)  # the check's split of the budget
-    ep_b, ep_a = cal.power.get("control_episode"), cal.power.get("null_episode")
-    null = cal.power["null"]
-    control = cal.power.get("control")
-    search = cal.real_search
-    in_a = np.isin(cal.real_episode, np.unique(ep_a)) if (cal.real_episode is not None and ep_a is not None) else None
-    have_search = in_a is not None and search.latency.size > 0 and control is not None
+    nB = len(ps.control_episode)
+    n = max(1, min(n_blocks, nB))
+    judge = _PowerJudge(cal, n, alpha, rng)
 
-    def draw(nB: int, n: int) -> np.ndarray:
-        if ep_b is None:
-            return rng.choice(nB, size=n, replace=False)
-        order = rng.permutation(np.unique(ep_b))
-        return np.concatenate([np.flatnonzero(ep_b == e) for e in order])[:n]
-
-    nB = len(control[SCORES[0]]) if control else 0
-    n = max(1, min(n_blocks, nB)) if nB else 1
-    # search thresholds at this draw size, from the same searches on half A (computed once)
-    thr = {}
-    if have_search:
-        lat_id = int(np.flatnonzero(search.delays == 0)[0])
-        thr["latency"] = null_quantile(search.latency[:, in_a], lat_id, n, a_gap, rng, 200, ep_a)
-        gain_id = int(np.flatnonzero(search.act_values["gain"] == 1.0)[0])
-        n_search = max(1, len(search.actuator))
-        for k in search.actuator:
-            if k.startswith("gain:"):
-                thr[k] = null_quantile(search.actuator[k][:, in_a], gain_id, n, a_gap / n_search, rng, 200, ep_a)
-
-    def searches_fire(entry, idx) -> bool:
-        if not have_search:
-            return False
-        if "search_latency" in entry and paired_improvement(entry["search_latency"], lat_id, idx)[0] >= thr["latency"]:
-            return True
-        for k, t in thr.items():
-            if k.startswith("gain:") and f"search_{k}" in entry:
-                mat = only_allowed(entry[f"search_{k}"], entry.get(f"allowed_{k}"), gain_id)
-                if paired_improvement(mat, gain_id, idx)[0] >= t:
-                    return True
-        return False
-
-    def residuals_fire(entry, idx) -> bool:
-        if not all(k in entry and k in null for k in RESIDUALS) or ep_b is None or ep_a is None:
-            return False
-        ev = residual_evidence(entry["resid_std"][idx], null["resid_std"], entry["resid_mean"][idx], null["resid_mean"],
-                               entry["resid_ac1"][idx], null["resid_ac1"], a_gap, rng, 0, [], (ep_b[idx], ep_a))
-        return ev["evidence"] >= 1.0 or ev["dynamics_evidence"] >= 1.0
-
-    def rate(entry) -> float:
+    def rate(entry: PowerEntry) -> float:
         hits = 0
         for _ in range(reps):
-            idx = draw(len(entry[SCORES[0]]), n)
-            hits += bool(pooled_detect({s: entry[s][idx] for s in SCORES}, null, a_div, rng, permutations=2000,
-                                       checked_episode=None if ep_b is None else ep_b[idx], null_episode=ep_a)[0]
-                         or residuals_fire(entry, idx) or searches_fire(entry, idx))
+            order = rng.permutation(np.unique(ps.control_episode))
+            idx = np.concatenate([np.flatnonzero(ps.control_episode == e) for e in order])[:n]
+            hits += judge.detected(entry, idx)
         return hits / reps
 
-    control_rate = None
-    if control:
-        ctrl = dict(control)
-        if have_search:  # the uninjected half B gets every search the check runs
-            ctrl["search_latency"] = search.latency[:, ~in_a]
-            for k in thr:
-                if k.startswith("gain:"):
-                    ctrl[f"search_{k}"] = search.actuator[k][:, ~in_a]
-        control_rate = rate(ctrl)
-    reliable = control_rate is None or control_rate < target
+    control_rate = rate(judge.control_with_searches())
+    reliable = control_rate < target
     table = {}
-    for gap, e in cal.power["gaps"].items():
-        probs = [rate(entry) for entry in e["scores"]]
-        smallest = next((s for s, p in zip(e["sizes"], probs) if p >= target), None) if reliable else None
-        table[gap] = {"sizes": list(e["sizes"]), "units": e["units"], "detection_probability": probs,
+    for gap, series in ps.gaps.items():
+        probs = [rate(entry) for entry in series.entries]
+        smallest = next((s for s, p in zip(series.sizes, probs) if p >= target), None) if reliable else None
+        table[gap] = {"sizes": list(series.sizes), "units": series.units, "detection_probability": probs,
                       "smallest_detected": smallest, "blocks_used": n, "control_detection": control_rate,
                       "reliable": bool(reliable)}
     return table
+
+
+class _PowerJudge:
+    """The check's evidence and decision on a draw of half-B blocks (see `power_table`)."""
+
+    def __init__(self, cal: Calibration, n: int, alpha: float, rng: np.random.Generator):
+        from wmcheck.checks.attribution import null_quantile
+
+        self.cal, self.alpha, self.rng = cal, alpha, rng
+        ps, search = cal.power, cal.real_search
+        self.in_a = np.isin(cal.real_episode, np.unique(ps.null_episode))
+        a_gap = split_alpha(alpha)[1]
+        self.has_search = search.latency.size > 0
+        self.thr_latency, self.thr_gain = None, None
+        if self.has_search:  # thresholds at this draw size, from the same searches on half A
+            self.lat_id = identity_index("delay", search.delays)
+            self.thr_latency = null_quantile(search.latency[:, self.in_a], self.lat_id, n, a_gap, rng, 200, ps.null_episode)
+            gains = search.act_values.get("gain")
+            if gains is not None and len(search.actuator["gain"]):
+                self.gain_id = identity_index("gain", gains)
+                level = a_gap / max(1, search.n_actuator_searches)  # the check's Bonferroni over all its searches
+                self.thr_gain = [null_quantile(m[:, self.in_a], self.gain_id, n, level, rng, 200, ps.null_episode)
+                                 for m in search.actuator["gain"]]
+
+    def control_with_searches(self) -> PowerEntry:
+        """Half B uninjected, with every search the check runs (latency and gains)."""
+        c, search = self.cal.power.control, self.cal.real_search
+        if not self.has_search:
+            return c
+        gain = search.actuator["gain"][:, :, ~self.in_a] if self.thr_gain is not None else None
+        return PowerEntry(c.scores, search.latency[:, ~self.in_a], gain, c.allowed_gain)
+
+    def _search_gaps(self, entry: PowerEntry, idx: np.ndarray) -> dict[str, GapEvidence]:
+        from wmcheck.checks.attribution import only_allowed, paired_improvement
+
+        out = {g: GapEvidence.not_checked(g, "not simulated") for g in ("latency", "actuator")}
+        if self.has_search and entry.search_latency is not None:
+            t = paired_improvement(entry.search_latency, self.lat_id, idx)[0]
+            out["latency"] = GapEvidence("latency", min(t, 1e6) / self.thr_latency)
+        if self.thr_gain is not None and entry.search_gain is not None:
+            ev = []
+            for c, thr in enumerate(self.thr_gain):
+                allowed = None if entry.allowed_gain is None else entry.allowed_gain[c]
+                mat = only_allowed(entry.search_gain[c], allowed, self.gain_id)
+                ev.append(min(paired_improvement(mat, self.gain_id, idx)[0], 1e6) / thr)
+            out["actuator"] = GapEvidence("actuator", max(ev))
+        return out
+
+    def _residual_gaps(self, entry: PowerEntry, idx: np.ndarray) -> dict[str, GapEvidence]:
+        from wmcheck.checks.attribution import residual_evidence
+
+        null, ps = self.cal.power.null, self.cal.power
+        s = entry.scores
+        st = residual_evidence(s["resid_std"][idx], null["resid_std"], s["resid_mean"][idx], null["resid_mean"],
+                               s["resid_ac1"][idx], null["resid_ac1"], split_alpha(self.alpha)[1], self.rng, 0, [],
+                               (ps.control_episode[idx], ps.null_episode))
+        return {"sensor_noise": GapEvidence("sensor_noise", st.sensor_evidence),
+                "dynamics": GapEvidence("dynamics", st.dynamics_evidence)}
+
+    def detected(self, entry: PowerEntry, idx: np.ndarray) -> bool:
+        from wmcheck.checks.decision import Levels, decide
+        from wmcheck.checks.divergence import divergence_evidence
+
+        ps = self.cal.power
+        episodes = ps.control_episode[idx]
+        div = divergence_evidence({s: entry.scores[s][idx] for s in SCORES}, ps.null, ps.null_episode, episodes)
+        gaps = {**self._search_gaps(entry, idx), **self._residual_gaps(entry, idx),
+                "visual": GapEvidence.not_checked("visual", "not simulated")}
+        decision = decide(CheckEvidence(div, gaps), Levels.for_check(self.alpha, len(np.unique(episodes))))
+        return decision.verdict != "pass"
 
 
 def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator):
@@ -244,6 +295,43 @@ def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator
     if gap == "sensor_noise":
         return [observation_noise(e, std=size * std, rng=rng) for e in episodes]
     return [observation_noise(e, bias=size * std) for e in episodes]
+
+
+def injected_power(model, norm: Normalizer, cfg: CheckConfig, held: list, blocks, real: BlockScores) -> PowerSet:
+    """Half A (even held-out episodes) is the null; half B (odd ones) uninjected is the control, and
+    with each gap of POWER_SIZES injected it is re-scored (with the injected gap's own search, as a
+    check runs it). Both halves are subsets of the real blocks scored in calibration."""
+    half_a, half_b = held[0::2], held[1::2]
+    if not (half_a and half_b):
+        return PowerSet({s: getattr(real, s) for s in POWER_SCORES}, blocks.episode)
+    in_a = np.isin(blocks.episode, [e.id for e in half_a])
+    null, control = real.subset(np.flatnonzero(in_a)), real.subset(np.flatnonzero(~in_a))
+    astd = norm.std["action"].astype(float)
+    gains = np.asarray(cfg.gain_grid)
+
+    def allowed(eps) -> np.ndarray:  # (C, G) the gains a check could try on these episodes
+        return np.stack([allowed_corrections(norm, eps, c, "gain", gains, 1.0, cfg.competence_alpha)
+                         for c in range(len(astd))]) if len(astd) else np.zeros((0, len(gains)), bool)
+
+    ps = PowerSet({s: getattr(null, s) for s in POWER_SCORES}, blocks.episode[in_a],
+                  PowerEntry({s: getattr(control, s) for s in POWER_SCORES}, allowed_gain=allowed(half_b)),
+                  blocks.episode[~in_a])
+    for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
+        entries = []
+        for size in sizes:
+            inj = _inject(gap, size, half_b, norm, np.random.default_rng([cfg.seed, g]))
+            inj_blocks = make_blocks(inj, norm, cfg.context, cfg.horizon)
+            assert np.array_equal(inj_blocks.episode, ps.control_episode), "injection changed the block layout"
+            sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed)
+            entry = PowerEntry({s: getattr(sc, s) for s in POWER_SCORES})
+            if gap == "latency":
+                entry.search_latency = search_matrices(model, inj, norm, cfg, astd, actuator=False).latency
+            elif gap == "actuator" and len(astd):
+                entry.search_gain = search_matrices(model, inj, norm, cfg, astd, latency=False, kinds=("gain",)).actuator["gain"]
+                entry.allowed_gain = allowed(inj)
+            entries.append(entry)
+        ps.gaps[gap] = InjectedSeries(tuple(sizes), POWER_UNITS[gap], entries)
+    return ps
 
 
 def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: CheckConfig | None = None,
@@ -288,40 +376,7 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     # Power: halves of the held-out episodes (A: null, B: injected; B uninjected is the control).
     # Both halves are subsets of the real blocks scored above (same episodes, same cuts).
     say("  power: injecting gaps of graded size into held-out episodes")
-    half_a, half_b = held[0::2], held[1::2]
-    power = {"null": {}, "gaps": {}}
-    if half_a and half_b:
-        in_a = np.isin(blocks.episode, [e.id for e in half_a])
-        null, control = real.subset(np.flatnonzero(in_a)), real.subset(np.flatnonzero(~in_a))
-        power["null"] = {s: getattr(null, s) for s in SCORES + RESIDUALS}
-        power["control"] = {s: getattr(control, s) for s in SCORES + RESIDUALS}
-        power["null_episode"], power["control_episode"] = blocks.episode[in_a], blocks.episode[~in_a]
-        astd = norm.std["action"].astype(float)
-        for c in range(len(astd)):  # the gains a check could try on the uninjected half B
-            power["control"][f"allowed_gain:{c}"] = allowed_corrections(norm, half_b, c, "gain", np.asarray(cfg.gain_grid), 1.0,
-                                                                        cfg.competence_alpha)
-        for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
-            entries = []
-            for size in sizes:
-                inj = _inject(gap, size, half_b, norm, np.random.default_rng([cfg.seed, g]))
-                inj_blocks = make_blocks(inj, norm, cfg.context, cfg.horizon)
-                assert np.array_equal(inj_blocks.episode, power["control_episode"]), "injection changed the block layout"
-                sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed)
-                entry = {s: getattr(sc, s) for s in SCORES + RESIDUALS}
-                # the injected gap's own search, as a check runs it (the power table replays it)
-                if gap == "latency":
-                    entry["search_latency"] = search_matrices(model, inj, norm, cfg, astd, actuator=False).latency
-                elif gap == "actuator":
-                    gains = np.asarray(cfg.gain_grid)
-                    mats = search_matrices(model, inj, norm, cfg, astd, latency=False, kinds=("gain",))
-                    for c in range(len(astd)):
-                        entry[f"search_gain:{c}"] = mats.actuator[f"gain:{c}"]
-                        entry[f"allowed_gain:{c}"] = allowed_corrections(norm, inj, c, "gain", gains, 1.0, cfg.competence_alpha)
-                entries.append(entry)
-            power["gaps"][gap] = {"sizes": sizes, "units": POWER_UNITS[gap], "scores": entries}
-    else:
-        power["null"] = {s: getattr(real, s) for s in SCORES + RESIDUALS}
-        power["null_episode"] = blocks.episode
+    power = injected_power(model, norm, cfg, held, blocks, real)
     reward_err, reward_std = reward_resolution(model, blocks)
     info = {"log": str(log_path), "log_sha256": data_hash, "model_sha256": bundle.file_hash,
             "reward_abs_error_per_step": reward_err, "reward_std_real": reward_std,

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 # CLIP's published preprocessing statistics (RGB), used when the weights come without a preprocessor file.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 SCORES = ("divergence", "nll", "kl")  # the tests behind `divergent`
 COMPETENCE = ("support", "disagreement")  # the tests behind `unverifiable`
@@ -73,8 +73,128 @@ class CheckConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CheckConfig":
+        """Strict: an unknown key (a misspelt or a newer config) is an error, not a silent default."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise UserError(f"check config has unknown keys {unknown}", f"accepted keys: {sorted(names)}; re-run `wmcheck calibrate`")
+        return cls(**d)
+
+
+def _number(where: str, key: str, value, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
+        raise UserError(f"{where}: {key} must be a number >= {minimum:g}, got {value!r}", f"e.g. {key}: 1")
+    return float(value)
+
+
+class _Tolerance:
+    """A gap's tolerance: every field optional (None = not tolerated on that aspect)."""
+
+    @classmethod
+    def from_dict(cls, data, where: str):
+        known = [f.name for f in dataclasses.fields(cls)]
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise UserError(f"{where} must be a mapping", f"write e.g. {{{known[0]}: 1}}" if known else "write {}")
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise UserError(f"{where} has unknown keys {unknown}",
+                            f"accepted keys: {known}" if known else "this gap has no tolerances; remove it")
+        return cls(**{k: _number(where, k, v) for k, v in data.items()})
+
+
+@dataclass
+class LatencyTolerance(_Tolerance):
+    max_steps: float | None = None
+    """Largest |estimated delay| in steps that still passes."""
+
+    def covers(self, steps: float) -> bool:
+        return self.max_steps is not None and abs(steps) <= self.max_steps
+
+
+@dataclass
+class ActuatorTolerance(_Tolerance):
+    max_gain_error: float | None = None
+    """Largest |gain - 1| of a gain correction that still passes."""
+    max_offset: float | None = None
+    """Largest |offset| (command units) of an offset correction that still passes."""
+
+    def covers(self, kind: str, value: float) -> bool:
+        if kind == "gain":
+            return self.max_gain_error is not None and abs(value - 1) <= self.max_gain_error
+        if kind == "offset":
+            return self.max_offset is not None and abs(value) <= self.max_offset
+        return False  # no deadband tolerance
+
+
+@dataclass
+class SensorNoiseTolerance(_Tolerance):
+    max_ratio: float | None = None
+    """Largest noise ratio (checked / real residual std, either way: 1/r for r < 1) that still passes."""
+    max_bias: float | None = None
+    """Largest |bias| of the one-step residuals, in the channel's units, that still passes."""
+
+    def covers(self, ratio: float, bias: float) -> bool:
+        """Every bound the gate gives holds on the worst channel (at least one must be given)."""
+        bounds = []
+        if self.max_ratio is not None:
+            bounds.append(max(ratio, 1 / max(ratio, 1e-9)) <= self.max_ratio)
+        if self.max_bias is not None:
+            bounds.append(abs(bias) <= self.max_bias)
+        return bool(bounds) and all(bounds)
+
+
+@dataclass
+class DynamicsTolerance(_Tolerance):
+    """No tolerance: a dynamics gap is always red (its size has no one number to bound)."""
+
+
+@dataclass
+class DistributionTolerance(_Tolerance):
+    min_coverage: float | None = None
+    """Binding minimum share of checked steps inside the real logs' support: below it the run fails."""
+
+
+@dataclass
+class VisualTolerance(_Tolerance):
+    max_distance_ratio: float | None = None
+    """Largest checked/real embedding distance ratio that still passes."""
+    max_clip_distance: float | None = None
+    """Largest CLIP mean cosine distance that still passes (needs --clip-model)."""
+
+    def covers(self, distance_ratio: float, clip_distance: float | None) -> bool:
+        within = [distance_ratio <= self.max_distance_ratio] if self.max_distance_ratio is not None else []
+        if self.max_clip_distance is not None:
+            within.append(clip_distance is not None and clip_distance <= self.max_clip_distance)
+        return bool(within) and all(within)
+
+
+TOLERANCE_TYPES = {"latency": LatencyTolerance, "actuator": ActuatorTolerance, "sensor_noise": SensorNoiseTolerance,
+                   "dynamics": DynamicsTolerance, "distribution": DistributionTolerance, "visual": VisualTolerance}
+
+
+@dataclass
+class Tolerances:
+    """The gate's `tolerances:` per gap (see each type for its keys)."""
+
+    latency: LatencyTolerance = field(default_factory=LatencyTolerance)
+    actuator: ActuatorTolerance = field(default_factory=ActuatorTolerance)
+    sensor_noise: SensorNoiseTolerance = field(default_factory=SensorNoiseTolerance)
+    dynamics: DynamicsTolerance = field(default_factory=DynamicsTolerance)
+    distribution: DistributionTolerance = field(default_factory=DistributionTolerance)
+    visual: VisualTolerance = field(default_factory=VisualTolerance)
+
+    @classmethod
+    def from_dict(cls, data, where: str = "gate tolerances") -> "Tolerances":
+        if isinstance(data, Tolerances):
+            return data
+        if not isinstance(data, dict):
+            raise UserError(f"{where} must be a mapping of gap -> tolerance", f"gaps are {list(TOLERANCE_TYPES)}")
+        unknown = sorted(set(data) - set(TOLERANCE_TYPES))
+        if unknown:
+            raise UserError(f"{where} has unknown gaps {unknown}", f"gaps are {list(TOLERANCE_TYPES)}")
+        return cls(**{g: TOLERANCE_TYPES[g].from_dict(v, f"{where}.{g}") for g, v in data.items()})
 
 
 @dataclass
@@ -85,25 +205,43 @@ class Gate:
     score_alpha:        {score: alpha} per score (divergence, nll, kl, support, disagreement)
     tolerances:         per gap, how big a gap may be and still pass (amber, not red):
                         latency: {max_steps}, actuator: {max_gain_error, max_offset}, sensor_noise:
-                        {max_ratio, max_bias}, distribution: {min_coverage}, visual:
-                        {max_distance_ratio, max_clip_distance}
+                        {max_ratio, max_bias}, distribution: {min_coverage} (binding: below it the run
+                        fails), visual: {max_distance_ratio, max_clip_distance}
     allow_unverifiable: let unverifiable episodes pass (exit 0) — the report still says so
     policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`):
                         a policy check with fewer simulator episodes or a lower simulator success
                         rate fails; defaults 1000 / 0.85
+    Unknown or misspelt keys, and values of the wrong type, are errors (exit 2): a silently ignored
+    key would change pass / fail in CI.
     """
 
     alpha: float | None = None
     score_alpha: dict[str, float] = field(default_factory=dict)
-    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)
+    tolerances: Tolerances = field(default_factory=Tolerances)
     allow_unverifiable: bool = False
     policy: dict[str, float] = field(default_factory=lambda: dict(POLICY_GATE_DEFAULTS))
     source: str = "defaults"
 
+    def __post_init__(self) -> None:
+        where = "gate" if self.source == "defaults" else f"gate file {self.source}"
+        self.tolerances = Tolerances.from_dict(self.tolerances, f"{where}: tolerances")
+        if not isinstance(self.allow_unverifiable, bool):
+            raise UserError(f"{where}: allow_unverifiable must be true or false, got {self.allow_unverifiable!r}",
+                            "write allow_unverifiable: false")
+        if not isinstance(self.score_alpha, dict):
+            raise UserError(f"{where}: score_alpha must be a mapping", "write score_alpha: {divergence: 0.01}")
+        bad_scores = sorted(set(self.score_alpha) - set(SCORES + COMPETENCE))
+        if bad_scores:
+            raise UserError(f"{where}: unknown scores {bad_scores} in score_alpha", f"scores are {list(SCORES + COMPETENCE)}")
+        for name, a in [("alpha", self.alpha), *self.score_alpha.items()]:
+            if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < float(a) < 1):
+                raise UserError(f"{where}: {name} must be in (0, 1), got {a!r}", "use a probability such as 0.05")
+        self.policy = validate_gate_policy(self.policy, where)
+
     @classmethod
     def load(cls, path: str | Path) -> "Gate":
         path = Path(path)
-        if not path.exists():
+        if not path.is_file():
             raise UserError(f"gate file {path} does not exist", "commit a gate file (see `wmcheck check --help`) or drop --gate")
         try:
             text = path.read_text()
@@ -117,27 +255,17 @@ class Gate:
             raise UserError(f"cannot parse gate file {path}: {exc}", "fix its YAML/JSON syntax") from None
         if not isinstance(data, dict):
             raise UserError(f"gate file {path} must hold a mapping", "write keys such as alpha:, tolerances:, allow_unverifiable:")
-        known = {f.name for f in dataclasses.fields(cls)} - {"source"}
-        unknown = set(data) - known
+        known = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
+        unknown = sorted(set(data) - set(known))
         if unknown:
-            raise UserError(f"gate file {path} has unknown keys {sorted(unknown)}", f"use only {sorted(known)}")
-        bad_scores = set(data.get("score_alpha", {})) - set(SCORES + COMPETENCE)
-        bad_gaps = set(data.get("tolerances", {})) - set(GAPS)
-        if bad_scores or bad_gaps:
-            raise UserError(f"gate file {path}: unknown scores {sorted(bad_scores)} / gaps {sorted(bad_gaps)}",
-                            f"scores are {SCORES + COMPETENCE}; gaps are {GAPS}")
-        if "policy" in data:
-            data["policy"] = validate_gate_policy(data["policy"], f"gate file {path}")
-        gate = cls(**data)
-        gate.source = str(path)
-        for name, a in [("alpha", gate.alpha), *gate.score_alpha.items()]:
-            if a is not None and not 0 < float(a) < 1:
-                raise UserError(f"gate file {path}: {name} must be in (0, 1), got {a}", "use a probability such as 0.05")
-        return gate
+            raise UserError(f"gate file {path} has unknown keys {unknown}", f"accepted keys: {known}")
+        return cls(**data, source=str(path))
 
 
 def validate_gate_policy(policy, where: str) -> dict:
     """The gate file's `policy:` mapping, checked: {min_episodes: int >= 1, min_success_rate: [0, 1]}."""
+    if policy is None:
+        policy = {}
     if not isinstance(policy, dict):
         raise UserError(f"{where}: policy must be a mapping", "write policy: {min_episodes: 1000, min_success_rate: 0.85}")
     unknown = set(policy) - set(POLICY_GATE_DEFAULTS)

@@ -41,7 +41,7 @@ from wmcheck.checks.stats import block_mmd_test, percentile_interval, sign_flip_
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import Outcome, SpaceCodec, episode_outcome, make_env, make_policy, make_success
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 EXCITATION_POLICIES = ("random",)  # and "hold:K": recording signals, not policies to ship
 

@@ -27,7 +27,7 @@ from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import SpaceCodec
 from wmcheck.datasets.windows import Batch, episode_steps
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 from wmcheck.worldmodel.rssm import State
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from wmcheck.checks.reality_wrappers import ActionLatency, ActuatorGap, PhysicsGap, SensorGap, VisualGap, _jsonable
 from wmcheck.datasets.record import make_env, record_episodes
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 PROFILE_VERSION = 1
 REALITY_ENV = "wmcheck.checks.reality:make_reality_env"  # the "module:callable" id recorders accept

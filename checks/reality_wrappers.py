@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 _SENSOR_RNG_TAG = 0x5E4502  # keeps the sensor noise stream apart from the env's own reset(seed) stream
 

@@ -57,7 +57,7 @@ def overlay_figures(report: dict, max_channels: int = 6) -> list[tuple[str, obje
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plots = report.get("_plots", {})
+    plots = (report.get("figures") or {}).get("worst_blocks") or {}
     names = plots.get("names", [])
     out = []
     for blk in plots.get("worst_blocks", []):
@@ -89,7 +89,7 @@ def policy_return_figure(report: dict):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    d = report.get("_policy_plots") or {}
+    d = (report.get("figures") or {}).get("policy_returns") or {}
     sim, mod = np.asarray(d.get("simulator_return", []), float), np.asarray(d.get("model_return", []), float)
     lo, hi = np.asarray(d.get("model_return_lo", []), float), np.asarray(d.get("model_return_hi", []), float)
     high = np.asarray(d.get("high", []), bool)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from wmcheck.checks.report_html import divergence_figure, overlay_figures, policy_return_figure, regime_figure, render_html
-from wmcheck.scripts.atomic import write_text_atomic
+from wmcheck.datasets.atomic import write_text_atomic
 
 
 def schema() -> dict:
@@ -79,7 +79,7 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
         for key, value in scalars.items():
             if value is not None:
                 w.add_scalar(f"check/policy/{key}", float(value), 0)
-        if report.get("_policy_plots"):
+        if (report.get("figures") or {}).get("policy_returns"):
             w.add_figure("check/policy/returns_fig", policy_return_figure(report), 0)
     for key, frames in (report.get("_video") or {}).items():  # camera models: worst blocks, true / pred / error
         from wmcheck.training.openloop_video import log_video

@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from wmcheck.checks.stats import mann_whitney_greater
-from wmcheck.scripts.atomic import atomic_path
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.atomic import atomic_path
+from wmcheck.datasets.errors import UserError
 
 VISUAL_CALIBRATION_VERSION = 1
 FILE = "visual_calibration.npz"
@@ -221,7 +221,7 @@ def calibrate_visual(model, held_out, training, cfg: VisualConfig | None = None)
 
 
 def visual_gap(model, cal: VisualCalibration | None, episodes, alpha: float, clip=None,
-               tolerance: dict | None = None) -> dict:
+               tolerance=None) -> dict:
     """The report's `visual` gap entry for checked Episodes (with frames), see the module docstring.
 
     clip: optional `clip_embedding.ClipEmbedder`; adds the CLIP cosine distance with its practice bands.
@@ -261,15 +261,12 @@ def visual_gap(model, cal: VisualCalibration | None, episodes, alpha: float, cli
         explanation += (f"; CLIP mean cosine distance {c['mean_cosine_distance']:.3f} (held-out real "
                         f"{c['real_mean_cosine_distance']:.3f}): {c['practice']}")
     verdict = "present" if evidence >= 1.0 else "absent"
-    tol = dict(tolerance or {})
-    unknown = set(tol) - {"max_distance_ratio", "max_clip_distance"}
-    if unknown:
-        raise UserError(f"gate tolerances.visual has unknown keys {sorted(unknown)}", "use max_distance_ratio, max_clip_distance")
-    if verdict == "present" and tol:
-        within = [ratio_set <= float(tol["max_distance_ratio"])] if "max_distance_ratio" in tol else []
-        if "max_clip_distance" in tol:
-            within.append(estimate["clip"] is not None and estimate["clip"]["mean_cosine_distance"] <= float(tol["max_clip_distance"]))
-        verdict = "tolerated" if within and all(within) else verdict
+    from wmcheck.checks.config import VisualTolerance
+
+    tol = tolerance if isinstance(tolerance, VisualTolerance) else VisualTolerance.from_dict(tolerance, "gate tolerances.visual")
+    clip_distance = estimate["clip"]["mean_cosine_distance"] if estimate["clip"] is not None else None
+    if verdict == "present" and tol.covers(ratio_set, clip_distance):
+        verdict = "tolerated"
     floor = 1.0 / comb(len(scores) + len(cal.null), len(cal.null))  # smallest p the rank test can give
     estimate["smallest_attainable_p"] = float(f"{floor:.4g}")
     if floor >= alpha:  # it could not have failed: say so instead of calling the gap absent

@@ -30,8 +30,8 @@ import numpy as np
 
 from wmcheck.datasets import layout as L
 from wmcheck.datasets.episode import FORMAT_NAME, FORMAT_VERSION, Episode, LogMeta
-from wmcheck.scripts.atomic import atomic_path
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.atomic import atomic_path
+from wmcheck.datasets.errors import UserError
 
 REQUIRED = ("observations", "actions", "terminations", "truncations")
 _VALIDATE_FIX = "run `wmcheck validate {path}` for the full report, then fix the importer or its mapping and re-import"

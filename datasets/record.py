@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from wmcheck.datasets.episode import Episode, LogMeta
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 PolicyFn = Callable[[np.ndarray], Any]
 SuccessFn = Callable[[Episode, dict], Any]

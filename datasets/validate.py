@@ -43,7 +43,7 @@ import numpy as np
 
 from wmcheck.datasets import layout as L
 from wmcheck.datasets.logformat import REQUIRED, open_h5
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 REPORT_VERSION = 1
 SATURATION_AT_LIMIT = 0.20  # fraction of values at one limit that counts as saturated ...

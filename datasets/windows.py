@@ -37,7 +37,7 @@ import numpy as np
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.frames import FrameStream
 from wmcheck.datasets.normalize import Normalizer
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 BATCH_FIELDS = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
 _ARRAYS = BATCH_FIELDS
@@ -98,6 +98,18 @@ class Batch:
             assert tuple(getattr(self, name).shape) == bt, f"{name} must be {bt}, got {getattr(self, name).shape}"
         for key, x in self.images.items():
             assert tuple(x.shape[:2]) == bt and len(x.shape) == 5, f"images[{key}] must be (B, T, H, W, C), got {x.shape}"
+        return self
+
+    def start_from_initial_state(self) -> "Batch":
+        """Make column 0 of every window an episode start, in place, and return self: `is_first`
+        True, and for windows cut mid-episode the previous action, input and reward zeroed, so
+        every window starts from the model's initial state exactly as an episode does. The one
+        place of this alignment: training windows, check blocks and their sub-windows use it."""
+        forced = ~self.is_first[:, 0]  # (B,) windows that start mid-episode
+        self.is_first[:, 0] = True
+        self.prev_action[forced, 0] = 0.0
+        self.prev_input[forced, 0] = 0.0
+        self.reward[forced, 0] = 0.0
         return self
 
     def map(self, fn) -> "Batch":
@@ -223,11 +235,7 @@ class WindowSampler:
         b = _batch_of(self._stream, idx)
         if self.frames is not None:
             b.images = self.frames.batch(starts, T)  # {key: (B, T, H, W, C)}, read from the file
-        forced = ~b.is_first[:, 0]  # (B,) windows that start mid-episode
-        b.is_first[:, 0] = True
-        b.prev_action[forced, 0] = 0.0
-        b.prev_input[forced, 0] = 0.0
-        b.reward[forced, 0] = 0.0
+        b.start_from_initial_state()
         b.is_last[:, :-1] |= b.is_first[:, 1:]
         return b.check()
 

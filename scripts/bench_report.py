@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from wmcheck.scripts.atomic import write_text_atomic
+from wmcheck.datasets.atomic import write_text_atomic
 
 
 def load_average() -> list[float] | None:

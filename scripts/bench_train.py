@@ -121,7 +121,7 @@ def time_config(name: str, B: int, T: int, device: torch.device, warmup: int, st
         row["ratio"] = row["env_steps_per_s"] / ref["ref_env_steps_per_s"]
     else:
         row["ratio"] = None
-    del model, opt, batch
+    model = opt = batch = None  # release them before empty_cache (step() is not called again)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row

@@ -1,6 +1,6 @@
 """Visual-gap detection benchmark (CPU-sized): visual gaps and a dynamics gap, both from pixels.
 
-A "real" Reacher-v5 (MuJoCo) is recorded with camera frames (`--size` pixels square) under random
+A "real" Pusher-v5 (MuJoCo) is recorded with camera frames (`--size` pixels square) under random
 held torques; a `debug` world model is trained on frames + vector state and calibrated on its
 held-out episodes. Then simulators with one known gap each are recorded with new seeds and checked
 with `run_check`:
@@ -47,8 +47,9 @@ def record(path: Path, episodes: int, seed: int, size: int, profile: dict, sourc
     from wmcheck.datasets.record import record_to_log
 
     if not path.exists():
-        rid, kw = reality_env_args("Reacher-v5", profile)
-        record_to_log(path, rid, "hold:3", episodes=episodes, seed=seed, env_kwargs=kw, source=source, render=(size, size))
+        rid, kw = reality_env_args("Pusher-v5", profile)
+        record_to_log(path, rid, "hold:3", episodes=episodes, max_steps=50, seed=seed, env_kwargs=kw, source=source,
+                      render=(size, size))
     return path
 
 

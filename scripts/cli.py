@@ -11,7 +11,8 @@ import importlib
 import os
 import sys
 
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.version import version
 
 # Subcommand modules, in the order `wmcheck --help` lists them. A module that is not there yet
 # (a later issue) is skipped, so the CLI always starts.
@@ -50,15 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.register(sub)
     return parser
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version as _version
-
-    try:
-        return _version("wmcheck")
-    except PackageNotFoundError:  # running from a source tree without install
-        return "0+unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,11 +5,27 @@ import argparse
 from pathlib import Path
 
 
+CHECK_OPTIONS = ["alpha", "context", "horizon", "max_delay"]
+"""The CheckConfig fields `calibrate` and `train` expose (defaults and help from the dataclass)."""
+
+
 def add_check_geometry(p) -> None:
-    p.add_argument("--alpha", type=float, default=0.05, help="false-alarm budget per checked run (default 0.05)")
-    p.add_argument("--context", type=int, default=16, help="steps observed before imagining (default 16)")
-    p.add_argument("--horizon", type=int, default=48, help="steps imagined per block (default 48)")
-    p.add_argument("--max-delay", type=int, default=4, help="latency search range in steps (default 4)")
+    from wmcheck.checks.config import CheckConfig
+    from wmcheck.scripts.config_args import add_options
+
+    add_options(p, CheckConfig, CHECK_OPTIONS)
+
+
+def check_config(args: argparse.Namespace, command: str):
+    """The CheckConfig of the parsed options; a bad value is a UserError (exit 2)."""
+    from wmcheck.checks.config import CheckConfig
+    from wmcheck.datasets.errors import UserError
+    from wmcheck.scripts.config_args import config_kwargs
+
+    try:
+        return CheckConfig(**config_kwargs(args, CHECK_OPTIONS))
+    except ValueError as exc:
+        raise UserError(f"bad calibration option: {exc}", f"see `wmcheck {command} --help`") from None
 
 
 def register(sub) -> None:
@@ -32,12 +48,6 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from wmcheck.checks.calibration import calibrate
-    from wmcheck.checks.config import CheckConfig
-    from wmcheck.scripts.errors import UserError
 
-    try:
-        cfg = CheckConfig(alpha=args.alpha, context=args.context, horizon=args.horizon, max_delay=args.max_delay)
-    except ValueError as exc:
-        raise UserError(f"bad calibration option: {exc}", "see `wmcheck calibrate --help`") from None
-    calibrate(args.run_dir, args.log, cfg)
+    calibrate(args.run_dir, args.log, check_config(args, "calibrate"))
     return 0

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from wmcheck.checks.config import Gate
     from wmcheck.checks.policy_check import PolicyRun, is_policy
     from wmcheck.checks.report_write import write_outputs
-    from wmcheck.scripts.errors import UserError
+    from wmcheck.datasets.errors import UserError
 
     gate = Gate.load(args.gate) if args.gate else Gate()
     if args.allow_unverifiable:
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 def _env_kwargs(text: str | None) -> dict | None:
     import json
 
-    from wmcheck.scripts.errors import UserError
+    from wmcheck.datasets.errors import UserError
 
     if not text:
         return None

@@ -13,7 +13,7 @@ from wmcheck.datasets.importers import (CopyOptions, build_mapping, import_to_lo
 from wmcheck.datasets.importers.mapping import (STEP_VALUES, parse_assignments, parse_ranges,
                                                 parse_sentinels)
 from wmcheck.datasets.episode import SOURCES
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 TABLE_ONLY = ("mapping", "time_col", "episode_col", "max_interp_gap", "split_gap", "min_episode_steps",
               "max_episode_steps",

@@ -12,7 +12,7 @@ import warnings
 
 from wmcheck.datasets.episode import SOURCES
 from wmcheck.datasets.record import parse_render_size, record_to_log
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 
 def register(subparsers) -> None:

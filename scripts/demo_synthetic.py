@@ -1,7 +1,7 @@
 """`wmcheck demo --synthetic`: a MuJoCo "reality" with known gaps, so findings meet the truth.
 
 Owns `run_synthetic_demo` and its scenario (`SCENARIO`):
-- reality: MuJoCo Swimmer-v5 with heavier joint damping and a little sensor noise (the plant a
+- reality: MuJoCo HalfCheetah-v5 with heavier joint damping and a little sensor noise (the plant a
   team would log on hardware; here recorded from `checks.reality` so the truth is known);
 - the team's simulators, each checked against a world model trained on the reality's logs:
   a faithful one (the reality itself, new seeds: must pass), the reality with 2 steps of action
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-ENV_ID = "Swimmer-v5"
+ENV_ID = "HalfCheetah-v5"  # Swimmer, Reacher and InvertedPendulum are reserved for the independent evaluation
 REALITY = {"physics": {"dof_damping": {"scale": 1.5}}, "sensor_noise_std": 0.01, "name": "reality"}
 SCENARIO = [  # (folder, what the team's simulator is, profile overrides on top of the reality, truth)
     ("faithful", "faithful simulator (the reality, new seeds)", {}, "none"),

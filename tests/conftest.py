@@ -93,25 +93,26 @@ def pendulum_checked(tmp_path_factory):
     return train_and_calibrate(tmp, tmp / "real.h5", 2000), meta, tmp
 
 
-def record_reacher_pixels(path, episodes: int = 24, size: int = 16, seed: int = 0, profile: dict | None = None,
+def record_pusher_pixels(path, episodes: int = 24, size: int = 16, seed: int = 0, profile: dict | None = None,
                           source: str = "real"):
-    """Reacher-v5 (MuJoCo) with rendered camera frames (size x size) under random held torques,
+    """Pusher-v5 (MuJoCo) with rendered camera frames (size x size) under random held torques,
     through a `wmcheck.checks.reality` profile (e.g. a visual gap); 50 steps per episode."""
     from wmcheck.checks.reality import reality_env_args
     from wmcheck.datasets.record import record_to_log
 
-    rid, kw = reality_env_args("Reacher-v5", profile or {})
-    record_to_log(path, rid, "hold:3", episodes=episodes, seed=seed, env_kwargs=kw, source=source, render=(size, size))
+    rid, kw = reality_env_args("Pusher-v5", profile or {})
+    record_to_log(path, rid, "hold:3", episodes=episodes, max_steps=50, seed=seed, env_kwargs=kw, source=source,
+                      render=(size, size))
     return path
 
 
 @pytest.fixture(scope="session")
-def reacher_pixel_log(tmp_path_factory):
-    return record_reacher_pixels(tmp_path_factory.mktemp("pixels") / "reacher_real.h5")
+def pusher_pixel_log(tmp_path_factory):
+    return record_pusher_pixels(tmp_path_factory.mktemp("pixels") / "pusher_real.h5")
 
 
 @pytest.fixture(scope="session")
-def reacher_pixel_run(reacher_pixel_log, tmp_path_factory):
+def pusher_pixel_run(pusher_pixel_log, tmp_path_factory):
     """A debug world model trained on the pixel log (frames + vector state), calibrated for blocks of 8 + 16."""
     from wmcheck.checks.calibration import calibrate
     from wmcheck.checks.config import CheckConfig
@@ -122,12 +123,12 @@ def reacher_pixel_run(reacher_pixel_log, tmp_path_factory):
     cfg = TrainConfig(preset="debug", max_steps=200, batch_size=8, seq_len=16, lr=1e-3, warmup=20,
                       val_every=200, ckpt_every=200, log_every=5, progress_bar=False, seed=0, val_fraction=0.25,
                       openloop_context=5, openloop_horizons=(1, 4, 10), openloop_windows=4)
-    result = train(reacher_pixel_log, out, build_run_config(cfg))
-    calibrate(out, reacher_pixel_log, CheckConfig(context=8, horizon=16), verbose=False)
+    result = train(pusher_pixel_log, out, build_run_config(cfg))
+    calibrate(out, pusher_pixel_log, CheckConfig(context=8, horizon=16), verbose=False)
     return result
 
 
 @pytest.fixture(scope="session")
-def reacher_pixel_recorder():
-    """`record_reacher_pixels` for tests that record their own (e.g. gap-injected) pixel logs."""
-    return record_reacher_pixels
+def pusher_pixel_recorder():
+    """`record_pusher_pixels` for tests that record their own (e.g. gap-injected) pixel logs."""
+    return record_pusher_pixels

@@ -23,7 +23,7 @@ from wmcheck.checks.report_write import schema, write_outputs
 from wmcheck.datasets.episode import LogMeta
 from wmcheck.datasets.logformat import open_log, write_log
 from wmcheck.datasets.record import record_episodes
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from wmcheck.training.openloop_video import video_grid
 
 
 @pytest.fixture(scope="module")
-def trained(reacher_pixel_run):
-    return reacher_pixel_run
+def trained(pusher_pixel_run):
+    return pusher_pixel_run
 
 
 def test_image_loss_falls_and_video_is_logged(trained):
@@ -55,17 +55,17 @@ def test_video_grid_rows_and_borders():
     assert (cell(3, 2, 1) == (140 - 100 + 255) // 2).all() and (cell(3, 2, 0) == 127).all()  # error row
 
 
-def test_datamodule_streams_frames_and_no_images_ignores_them(reacher_pixel_log):
+def test_datamodule_streams_frames_and_no_images_ignores_them(pusher_pixel_log):
     from wmcheck.training.config import TrainConfig
     from wmcheck.training.datamodule import LogDataModule
 
     cfg = TrainConfig(batch_size=3, seq_len=7, val_fraction=0.25)
-    dm = LogDataModule(reacher_pixel_log, cfg)
+    dm = LogDataModule(pusher_pixel_log, cfg)
     dm.prepare()
     assert dm.image_spec == {"image_keys": ["image"], "image_key_channels": [3], "image_shape": [16, 16, 3]}
     batch = next(iter(dm.train_dataloader()))
     assert batch.images["image"].shape == (3, 7, 16, 16, 3) and batch.obs.shape[:2] == (3, 7)
     assert dm._train_sampler._stream.images == {}  # frames stay in the file
-    off = LogDataModule(reacher_pixel_log, TrainConfig(batch_size=3, seq_len=7, val_fraction=0.25, images=False))
+    off = LogDataModule(pusher_pixel_log, TrainConfig(batch_size=3, seq_len=7, val_fraction=0.25, images=False))
     off.prepare()
     assert off.image_spec == {} and off.channels["image_keys"] == []

@@ -10,7 +10,7 @@ import pytest
 from wmcheck.datasets.importers import CopyOptions, ImportMapping, import_to_log, load_source, source_kind
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.validate import validate_log
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 
 def test_npz_columns_go_through_the_pipeline(tmp_path):

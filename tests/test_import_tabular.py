@@ -9,7 +9,7 @@ import pytest
 
 from wmcheck.datasets.importers import ImportMapping, build_mapping, load_source
 from wmcheck.datasets.importers.csv_source import import_csv
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 
 def write_csv(path, header, rows, delimiter=","):

@@ -9,7 +9,7 @@ import pytest
 
 from wmcheck.datasets.episode import Episode, LogMeta
 from wmcheck.datasets.logformat import LogWriter, open_log, write_log
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 
 def make_episode(i: int, n: int = 7, d: int = 3, a: int = 2, e: int = 0, image: bool = False,

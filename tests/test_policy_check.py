@@ -16,7 +16,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from wmcheck.checks.check import run_check
@@ -28,7 +27,7 @@ from wmcheck.datasets.episode import LogMeta
 from wmcheck.datasets.logformat import write_log
 from wmcheck.datasets.record import record_to_log
 from wmcheck.scripts.cli import main
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import torch
 from wmcheck.checks.policy_rollout import ClosedLoopConfig, closed_loop
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import Recorder
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 from wmcheck.worldmodel.config import preset
 from wmcheck.worldmodel.model import WorldModel
 

@@ -11,7 +11,7 @@ from wmcheck.checks.reality import (REALITY_ENV, RealityProfile, make_reality_en
                                     record_reality, single_gap_profiles)
 from wmcheck.checks.reality_wrappers import ActuatorGap, PhysicsGap, SensorGap
 from wmcheck.datasets.record import record_episodes
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 T = 60
 

@@ -10,7 +10,7 @@ from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.record import Recorder, record_episodes, record_to_log
 from wmcheck.datasets.validate import validate_log
 from wmcheck.scripts.cli import main
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 HELPERS = textwrap.dedent('''
     import gymnasium as gym

@@ -11,12 +11,12 @@ from wmcheck.checks.reality_wrappers import VisualGap
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.record import parse_render_size, record_episodes, resize_frame
 from wmcheck.scripts.cli import main
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 
 def test_cli_records_mujoco_frames(tmp_path, capsys):
-    out = tmp_path / "reacher.h5"
-    assert main(["record", "Reacher-v5", "--out", str(out), "--episodes", "2", "--max-steps", "12",
+    out = tmp_path / "pusher.h5"
+    assert main(["record", "Pusher-v5", "--out", str(out), "--episodes", "2", "--max-steps", "12",
                  "--policy", "hold:3", "--render", "16x12"]) == 0
     assert "frames 16x12" in capsys.readouterr().out
     assert os.environ.get("MUJOCO_GL")  # set by the recorder when unset
@@ -33,8 +33,8 @@ def test_cli_records_mujoco_frames(tmp_path, capsys):
 def test_frames_replay_with_the_seed_whatever_the_recording_started_with():
     """The same episode seed gives the same frames, whether it is a recording's first episode or its
     third (gymnasium's MuJoCo camera aims at the first rendered state: the recorder fixes that state)."""
-    a = record_episodes("Reacher-v5", "hold:3", episodes=3, max_steps=10, seed=1, render=(16, 16))[2]
-    b = record_episodes("Reacher-v5", "hold:3", episodes=1, max_steps=10, seed=3, render=(16, 16))[0]
+    a = record_episodes("Pusher-v5", "hold:3", episodes=3, max_steps=10, seed=1, render=(16, 16))[2]
+    b = record_episodes("Pusher-v5", "hold:3", episodes=1, max_steps=10, seed=3, render=(16, 16))[0]
     np.testing.assert_array_equal(a.observations, b.observations)
     np.testing.assert_array_equal(a.obs_groups["image"], b.obs_groups["image"])
 
@@ -66,7 +66,7 @@ def test_env_without_rgb_frames_is_refused(tmp_path, monkeypatch):
 
 
 def _frames(profile, seed=0):
-    return record_reality("Reacher-v5", profile, "hold:3", episodes=1, max_steps=8, seed=seed, render=(16, 16))[0]
+    return record_reality("Pusher-v5", profile, "hold:3", episodes=1, max_steps=8, seed=seed, render=(16, 16))[0]
 
 
 def test_visual_gap_changes_frames_only():
@@ -83,7 +83,7 @@ def test_visual_gap_changes_frames_only():
         np.testing.assert_array_equal(gap.observations, clean.observations)  # states untouched
         np.testing.assert_array_equal(gap.actions, clean.actions)
         assert check(clean.obs_groups["image"], gap.obs_groups["image"]), profile
-    env = make_reality_env("Reacher-v5", {"visual_blur": 1.0}, render_mode="rgb_array", width=16, height=16)
+    env = make_reality_env("Pusher-v5", {"visual_blur": 1.0}, render_mode="rgb_array", width=16, height=16)
     _, info = env.reset(seed=0)
     assert info["reality"]["visual"]["blur"] == 1.0
     env.close()

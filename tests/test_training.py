@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,7 +76,7 @@ def test_model_file_loads_weights_only_and_rebuilds(trained):
 
 
 def test_bad_model_file_is_a_user_error(tmp_path):
-    from wmcheck.scripts.errors import UserError
+    from wmcheck.datasets.errors import UserError
 
     bad = tmp_path / "model.pt"
     bad.write_bytes(b"not a torch file")

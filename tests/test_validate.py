@@ -14,7 +14,7 @@ from wmcheck.datasets.episode import Episode, LogMeta
 from wmcheck.datasets.logformat import write_log
 from wmcheck.datasets.validate import validate_log
 from wmcheck.scripts.cli import main
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 N, D, A = 40, 3, 2
 DT = 0.1

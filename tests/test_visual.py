@@ -15,12 +15,12 @@ from wmcheck.training.checkpoint import load_model
 
 
 @pytest.fixture(scope="module")
-def sims(tmp_path_factory, reacher_pixel_recorder):
+def sims(tmp_path_factory, pusher_pixel_recorder):
     """Checked simulators: faithful (new seeds) and with brighter rendering (x1.3), same dynamics."""
-    record_reacher_pixels = reacher_pixel_recorder
+    record_pusher_pixels = pusher_pixel_recorder
     d = tmp_path_factory.mktemp("sims")
-    faithful = record_reacher_pixels(d / "faithful.h5", episodes=8, seed=500, source="sim")
-    bright = record_reacher_pixels(d / "bright.h5", episodes=8, seed=500, source="sim", profile={"visual_brightness": 1.3})
+    faithful = record_pusher_pixels(d / "faithful.h5", episodes=8, seed=500, source="sim")
+    bright = record_pusher_pixels(d / "bright.h5", episodes=8, seed=500, source="sim", profile={"visual_brightness": 1.3})
     return faithful, bright
 
 
@@ -47,8 +47,8 @@ def test_photometric_statistics_and_wording():
     assert any("blurrier" in s for s in _photometric_shift(blurred, real_eps, real, real_eps)["explains"])
 
 
-def test_visual_calibration_is_stored(reacher_pixel_run):
-    cal = VisualCalibration.load(reacher_pixel_run.run_dir)
+def test_visual_calibration_is_stored(pusher_pixel_run):
+    cal = VisualCalibration.load(pusher_pixel_run.run_dir)
     assert cal is not None and cal.keys == ["image"]
     assert cal.frames["image"].dtype == np.uint8 and cal.frames["image"].shape[1:] == (16, 16, 3)
     assert cal.reference["image"].shape[1:] == (16, 16, 3) and len(cal.reference["image"]) > len(cal.frames["image"])
@@ -57,9 +57,9 @@ def test_visual_calibration_is_stored(reacher_pixel_run):
     assert np.median(cal.frame_set) > 0 and (cal.frame_step >= cal.frame_set).all()
 
 
-def test_brightness_shift_is_separated_from_a_faithful_sim(reacher_pixel_run, sims):
-    model = load_model(reacher_pixel_run.run_dir).model
-    cal = VisualCalibration.load(reacher_pixel_run.run_dir)
+def test_brightness_shift_is_separated_from_a_faithful_sim(pusher_pixel_run, sims):
+    model = load_model(pusher_pixel_run.run_dir).model
+    cal = VisualCalibration.load(pusher_pixel_run.run_dir)
     faithful, bright = sims
     ok = visual_gap(model, cal, _episodes(faithful), alpha=0.05)
     bad = visual_gap(model, cal, _episodes(bright), alpha=0.05)
@@ -70,8 +70,8 @@ def test_brightness_shift_is_separated_from_a_faithful_sim(reacher_pixel_run, si
     assert bad["estimate"]["photometric"]["image"]["relative_change"]["luminance"] == pytest.approx(0.3, abs=0.05)
 
 
-def test_no_frames_means_not_checked(reacher_pixel_run):
-    model = load_model(reacher_pixel_run.run_dir).model
+def test_no_frames_means_not_checked(pusher_pixel_run):
+    model = load_model(pusher_pixel_run.run_dir).model
     row = visual_gap(model, None, [], alpha=0.05)
     assert row["verdict"] == "not_checked" and "calibrat" in row["explanation"]
 
@@ -94,17 +94,17 @@ def tiny_clip(tmp_path):
     return path
 
 
-def test_clip_path_end_to_end(reacher_pixel_run, sims, tmp_path):
+def test_clip_path_end_to_end(pusher_pixel_run, sims, tmp_path):
     path = tiny_clip(tmp_path)
     from wmcheck.checks.clip_embedding import ClipEmbedder
 
     clip = ClipEmbedder.load(path)
-    frames = VisualCalibration.load(reacher_pixel_run.run_dir).frames["image"][:10]
+    frames = VisualCalibration.load(pusher_pixel_run.run_dir).frames["image"][:10]
     emb = clip.embed(frames)
     assert emb.shape == (10, 16)
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
-    model = load_model(reacher_pixel_run.run_dir).model
-    cal = VisualCalibration.load(reacher_pixel_run.run_dir)
+    model = load_model(pusher_pixel_run.run_dir).model
+    cal = VisualCalibration.load(pusher_pixel_run.run_dir)
     faithful, bright = sims
     rows = [visual_gap(model, cal, _episodes(p), alpha=0.05, clip=clip) for p in (faithful, bright)]
     for row in rows:
@@ -117,7 +117,7 @@ def test_clip_path_end_to_end(reacher_pixel_run, sims, tmp_path):
 
 def test_clip_missing_weights_is_a_user_error(tmp_path):
     from wmcheck.checks.clip_embedding import ClipEmbedder
-    from wmcheck.scripts.errors import UserError
+    from wmcheck.datasets.errors import UserError
 
     with pytest.raises(UserError, match="does not exist"):
         ClipEmbedder.load(tmp_path / "nowhere")
@@ -126,7 +126,7 @@ def test_clip_missing_weights_is_a_user_error(tmp_path):
         ClipEmbedder.load(tmp_path / "empty")
 
 
-def test_check_report_has_the_visual_row(reacher_pixel_run, sims, tmp_path):
+def test_check_report_has_the_visual_row(pusher_pixel_run, sims, tmp_path):
     """`wmcheck check` end to end: a brightness-shifted simulator fails with the visual gap on top,
     the report validates against its schema, the HTML shows the row and TensorBoard the video."""
     jsonschema = pytest.importorskip("jsonschema")
@@ -134,7 +134,7 @@ def test_check_report_has_the_visual_row(reacher_pixel_run, sims, tmp_path):
     from wmcheck.scripts.cli import main
 
     _, bright = sims
-    args = ["check", str(reacher_pixel_run.run_dir), "--rollouts", str(bright), "--out", str(tmp_path / "rep")]
+    args = ["check", str(pusher_pixel_run.run_dir), "--rollouts", str(bright), "--out", str(tmp_path / "rep")]
     try:
         clip_args = ["--clip-model", str(tiny_clip(tmp_path))]
     except pytest.skip.Exception:
@@ -156,26 +156,26 @@ def test_check_report_has_the_visual_row(reacher_pixel_run, sims, tmp_path):
     assert "check/openloop_video/image" in ea.Tags()["images"]
 
 
-def test_too_few_segments_is_not_a_pass(reacher_pixel_run, sims):
+def test_too_few_segments_is_not_a_pass(pusher_pixel_run, sims):
     """With one checked episode against few real ones the rank test cannot reach alpha: the row says
     so (not_checked) instead of reporting the gap absent, even for a strongly shifted simulator."""
-    model = load_model(reacher_pixel_run.run_dir).model
-    cal = VisualCalibration.load(reacher_pixel_run.run_dir)
+    model = load_model(pusher_pixel_run.run_dir).model
+    cal = VisualCalibration.load(pusher_pixel_run.run_dir)
     _, bright = sims
     row = visual_gap(model, cal, _episodes(bright)[:1], alpha=0.001)
     assert row["verdict"] == "not_checked" and "smallest attainable p" in row["explanation"]
     assert row["estimate"]["distance_ratio"] > 1.5
 
 
-def test_gate_tolerance_turns_a_small_visual_gap_amber(reacher_pixel_run, sims):
-    model = load_model(reacher_pixel_run.run_dir).model
-    cal = VisualCalibration.load(reacher_pixel_run.run_dir)
+def test_gate_tolerance_turns_a_small_visual_gap_amber(pusher_pixel_run, sims):
+    model = load_model(pusher_pixel_run.run_dir).model
+    cal = VisualCalibration.load(pusher_pixel_run.run_dir)
     _, bright = sims
     eps = _episodes(bright)
     strict = visual_gap(model, cal, eps, alpha=0.05, tolerance={"max_distance_ratio": 1.01})
     loose = visual_gap(model, cal, eps, alpha=0.05, tolerance={"max_distance_ratio": 1e6})
     assert strict["verdict"] == "present" and loose["verdict"] == "tolerated"
-    from wmcheck.scripts.errors import UserError
+    from wmcheck.datasets.errors import UserError
 
     with pytest.raises(UserError, match="max_distance_ratio"):
         visual_gap(model, cal, eps, alpha=0.05, tolerance={"max_ratio": 2})

@@ -12,7 +12,7 @@ from wmcheck.datasets.sims.wind_policy import YawPitchPolicy
 from wmcheck.datasets.sims.wind_turbine import (TurbineParams, WindTurbineSim, air_density, replay_episode,
                                                 replay_log, turbine_power)
 from wmcheck.datasets.validate import validate_log
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 P = TurbineParams()
 

@@ -8,7 +8,7 @@ from wmcheck.datasets.episode import Episode, LogMeta
 from wmcheck.datasets.logformat import write_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.windows import Batch, WindowSampler, episode_steps
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 
 def identity(d=1, a=1, e=1) -> Normalizer:

@@ -194,26 +194,24 @@ def test_continue_target_and_reward_head_zero_init():
 
 
 def test_fast_core_matches_reference_formulation():
-    """The block GRU core, written as in the reference (concat + broadcast to blocks + BlockLinear
-    on the flat vector + split per block), equals our fused implementation."""
-    from einops import rearrange, repeat
+    """The fused block GRU core equals the reference formulation (RSSM.core_reference: concat +
+    broadcast to blocks + BlockLinear on the flat vector + split per block), step and scan."""
+    import dataclasses
 
     m = make_model()
     r, c = m.rssm, m.cfg
     g = torch.Generator().manual_seed(3)
     state = State(torch.randn(B, c.deter, generator=g),
                   torch.nn.functional.one_hot(torch.randint(0, c.classes, (B, c.stoch), generator=g), c.classes).float())
-    ctrl = torch.randn(B, A + E, generator=g) * 5
-    u = ctrl / c.action_scale
-    u = u / torch.clamp(u.abs(), min=1.0)
-    x = torch.cat([r.dynin_deter(state.deter), r.dynin_stoch(state.stoch.flatten(-2)), r.dynin_ctrl(u)], -1)
-    x = repeat(x, "b f -> b g f", g=c.blocks)
-    x = rearrange(torch.cat([rearrange(state.deter, "b (g d) -> b g d", g=c.blocks), x], -1), "b g f -> b (g f)")
-    x = r.dynhid(x)
-    gates = rearrange(r.gates(x), "b (g f) -> b g f", g=c.blocks)
-    reset, cand, update = (rearrange(p, "b g d -> b (g d)") for p in gates.chunk(3, -1))
-    reset = torch.sigmoid(reset)
-    cand = torch.tanh(reset * cand)
-    update = torch.sigmoid(update - 1)
-    expected = update * cand + (1 - update) * state.deter
-    assert torch.allclose(r.core(state, ctrl), expected, atol=1e-5)
+    ctrl = torch.randn(B, A + E, generator=g) * 5  # beyond the squash's linear range too
+    expected = r.core_reference(state, ctrl)
+    assert torch.allclose(r.core_fused(state, ctrl), expected, atol=1e-5)
+    assert not torch.allclose(r.core_fused(state, ctrl * 0.5), expected, atol=1e-3)  # the test can fail
+    seq = make_seq()
+    ref = make_model()
+    ref.load_state_dict(m.state_dict())
+    ref.cfg = ref.rssm.cfg = dataclasses.replace(c, fused_core=False)
+    with torch.no_grad():
+        a, _ = m.observe(seq, sample=False)
+        b, _ = ref.observe(seq, sample=False)
+    assert torch.allclose(a.state.deter, b.state.deter, atol=1e-4)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from wmcheck.scripts.atomic import atomic_path
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.atomic import atomic_path
+from wmcheck.datasets.errors import UserError
 from wmcheck.worldmodel import WorldModel, WorldModelConfig
 
 MODEL_FORMAT = "wmcheck-model"

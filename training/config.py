@@ -29,6 +29,7 @@ class TrainConfig:
     agc: float = 0.3
     eps: float = 1e-20
     seed: int = 0
+    """Seed of the weights, the split and the window sampler."""
     val_fraction: float = 0.2
     """Fraction of episodes held out (episode-level, deterministic) for val/* and openloop/*."""
     val_every: int = 500
@@ -42,8 +43,11 @@ class TrainConfig:
     openloop_windows: int = 16
     """Number of held-out windows evaluated open-loop at each validation."""
     accelerator: str = "auto"
+    """Lightning accelerator: auto, cpu, gpu, ..."""
     devices: str = "auto"
+    """Lightning devices: auto, N, or a list like 0,1."""
     strategy: str = "auto"
+    """Lightning strategy: auto, ddp, ..."""
     precision: str = "auto"
     """"auto": bf16-mixed on CUDA GPUs (norms, softmax and losses stay fp32), 32-true elsewhere."""
     progress_bar: bool = True
@@ -75,4 +79,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
+        """Strict: unknown keys (another wmcheck version's config) are an error, not ignored."""
+        unknown = sorted(set(d) - {"model", "train"}) + sorted(set(d.get("train", {})) - {f.name for f in dataclasses.fields(TrainConfig)})
+        if unknown:
+            raise ValueError(f"unknown run config keys {unknown}: the run was written by another wmcheck version")
         return cls(WorldModelConfig.from_dict(d["model"]), TrainConfig(**d["train"]))

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from wmcheck.datasets.logformat import open_log
@@ -20,7 +19,7 @@ from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import split_episodes
 from wmcheck.datasets.validate import validate_log
 from wmcheck.datasets.windows import Batch, WindowSampler
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 from wmcheck.training.config import TrainConfig
 
 
@@ -147,6 +146,4 @@ class LogDataModule(L.LightningDataModule):
 
 
 def _slice(b: Batch, start: int, stop: int) -> Batch:
-    out = b.map(lambda x: x[:, start:stop].copy())
-    out.is_first[:, 0] = True  # the window starts from the initial state (the model resets state and action)
-    return out
+    return b.map(lambda x: x[:, start:stop].copy()).start_from_initial_state()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from wmcheck.scripts.atomic import write_text_atomic
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.atomic import write_text_atomic
+from wmcheck.datasets.errors import UserError
 from wmcheck.training.checkpoint import file_sha256, save_model
 from wmcheck.training.config import RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule

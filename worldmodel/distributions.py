@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def symlog(x: torch.Tensor) -> torch.Tensor:
@@ -60,19 +61,19 @@ def categorical_entropy(log_p: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum((-1, -2))
 
 
-class TwoHot:
+class TwoHot(nn.Module):
     """Two-hot distribution over `bins` = symexp(linspace(-20, 20, n)) (the reference's v2 head).
 
     The target is interpolated in raw space between neighbouring bins; the mean is sum(p * bins),
-    summed from both ends towards the middle so that large bins do not swamp small ones.
+    summed from both ends towards the middle so that large bins do not swamp small ones. The bins
+    are a non-persistent buffer: they move with the model (`.to(device)`) and are not saved in
+    checkpoints (they are a function of `num_bins`).
     """
 
     def __init__(self, num_bins: int = 255, low: float = -20.0, high: float = 20.0, device=None):
-        self.bins = symexp(torch.linspace(low, high, num_bins, dtype=torch.float64)).float().to(device)  # (K,)
-
-    def to(self, device) -> "TwoHot":
-        self.bins = self.bins.to(device)
-        return self
+        super().__init__()
+        bins = symexp(torch.linspace(low, high, num_bins, dtype=torch.float64)).float().to(device)  # (K,)
+        self.register_buffer("bins", bins, persistent=False)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """(...,) raw values -> (..., K) two-hot weights (sum 1)."""

@@ -64,12 +64,7 @@ class WorldModel(nn.Module):
         self.decoder = VectorDecoder(cfg)
         self.reward = RewardHead(cfg)
         self.cont = ContinueHead(cfg)
-        self.twohot = TwoHot(cfg.reward_bins)
-
-    def _apply(self, fn, *args, **kwargs):  # keep the two-hot bins on the module's device
-        out = super()._apply(fn, *args, **kwargs)
-        self.twohot.bins = fn(self.twohot.bins)
-        return out
+        self.twohot = TwoHot(cfg.reward_bins)  # bins are a buffer: they follow the model's device
 
     # ------------------------------------------------------------------ surface
     def initial(self, batch_size: int) -> State:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
+from einops import rearrange, repeat
 from torch import nn
 
 from wmcheck.worldmodel.config import WorldModelConfig
@@ -86,6 +86,43 @@ class RSSM(nn.Module):
         return unimix_logits(logits, self.cfg.unimix)
 
     # ------------------------------------------------------------------ core
+    def core(self, state: State, ctrl: torch.Tensor, w: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Block GRU: (h_{t-1}, z_{t-1}, u_{t-1}) -> h_t. ctrl (B, U). `cfg.fused_core` selects the
+        optimised rewrite (`core_fused`, same numbers) over the reference formulation."""
+        if self.cfg.fused_core:
+            return self.core_fused(state, ctrl, w)
+        return self.core_reference(state, ctrl)
+
+    def _squash(self, ctrl: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        if c.control_dim == 0:
+            ctrl = torch.zeros(like.shape[0], 1, device=like.device, dtype=like.dtype)
+        ctrl = ctrl / c.action_scale
+        return ctrl / torch.clamp(ctrl.abs(), min=1.0).detach()  # reference squash (see config.action_scale)
+
+    def core_reference(self, state: State, ctrl: torch.Tensor) -> torch.Tensor:
+        """The block GRU as in DreamerV3's rssm.py, read top to bottom.
+
+        Three projections (h, flat z, control), each Linear -> RMSNorm -> SiLU, are concatenated and
+        broadcast to the G blocks; block g sees [h_g, x]; block-diagonal layers map that to the
+        per-block gates [reset, candidate, update]; the update gate is biased by -1.
+        """
+        c = self.cfg
+        G = c.blocks
+        deter, stoch = state.deter, state.stoch.flatten(-2)  # (B, deter), (B, S*C)
+        u = self._squash(ctrl, deter)  # (B, U)
+        x = torch.cat([self.dynin_deter(deter), self.dynin_stoch(stoch), self.dynin_ctrl(u)], -1)  # (B, 3*hidden)
+        x = repeat(x, "b f -> b g f", g=G)  # (B, G, 3*hidden): every block sees all projections
+        h_g = rearrange(deter, "b (g d) -> b g d", g=G)  # (B, G, deter/G)
+        y = rearrange(torch.cat([h_g, x], -1), "b g f -> b (g f)")  # (B, G * (deter/G + 3*hidden))
+        y = self.dynhid(y)  # (B, deter) BlockLinear -> RMSNorm -> SiLU, dyn_layers times
+        gates = rearrange(self.gates(y), "b (g f) -> b g f", g=G)  # (B, G, 3 * deter/G)
+        reset, cand, update = (rearrange(p, "b g d -> b (g d)") for p in gates.chunk(3, -1))  # (B, deter) each
+        reset = torch.sigmoid(reset)
+        cand = torch.tanh(reset * cand)
+        update = torch.sigmoid(update - 1.0)
+        return update * cand + (1.0 - update) * deter  # (B, deter)
+
     def core_weights(self) -> dict[str, torch.Tensor]:
         """Per-scan views of the core's weights, built once per `observe`/`imagine` call.
 
@@ -110,16 +147,13 @@ class RSSM(nn.Module):
             w["hid_wx"] = rearrange(first.weight[:, d:], "g i o -> i (g o)")  # (3*hidden, deter)
         return w
 
-    def core(self, state: State, ctrl: torch.Tensor, w: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Block GRU: (h_{t-1}, z_{t-1}, u_{t-1}) -> h_t. ctrl (B, U)."""
+    def core_fused(self, state: State, ctrl: torch.Tensor, w: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """`core_reference` rewritten for speed (see `core_weights`); tests/test_worldmodel.py ties them."""
         c = self.cfg
         w = w if w is not None else self.core_weights()
         deter, stoch = state.deter, state.stoch.flatten(-2)  # (B, deter), (B, S*C)
         B, G = deter.shape[0], c.blocks
-        if c.control_dim == 0:
-            ctrl = torch.zeros(B, 1, device=deter.device, dtype=deter.dtype)
-        ctrl = ctrl / c.action_scale
-        ctrl = ctrl / torch.clamp(ctrl.abs(), min=1.0).detach()  # reference squash (see config.action_scale)
+        ctrl = self._squash(ctrl, deter)
         x = F.linear(torch.cat([deter, stoch, ctrl], -1), w["in_w"], w["in_b"])  # (B, 3*hidden)
         x = F.rms_norm(x.float().view(B, 3, c.hidden), (c.hidden,), eps=self.dynin_deter[1].eps)  # (B, 3, hidden)
         x = F.silu(x * w["in_scale"]).reshape(B, 3 * c.hidden).to(deter.dtype)  # (B, 3*hidden)
@@ -172,7 +206,7 @@ class RSSM(nn.Module):
             f"observe: tokens {tuple(tokens.shape)}, ctrl {tuple(ctrl.shape)}, is_first {tuple(is_first.shape)}"
         )
         state = state if state is not None else self.initial(B, tokens.device)
-        w = self.core_weights()
+        w = self.core_weights() if self.cfg.fused_core else None
         noise = gumbel_noise((B, T, self.cfg.stoch, self.cfg.classes), tokens.device) if sample else None
         deters, stochs, posts = [], [], []
         for t in range(T):
@@ -204,7 +238,7 @@ class RSSM(nn.Module):
         """
         B, H = ctrl.shape[:2]
         K = self.cfg.ensemble
-        w = self.core_weights()
+        w = self.core_weights() if self.cfg.fused_core else None
         deters, stochs, logps = [], [], []
         for t in range(H):
             deter = self.core(state, ctrl[:, t], w)

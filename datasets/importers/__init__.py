@@ -16,7 +16,7 @@ from pathlib import Path
 
 from wmcheck.datasets.importers.mapping import CopyOptions, ImportMapping, build_mapping
 from wmcheck.datasets.importers.summary import ImportResult, ImportSummary
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 __all__ = ["CopyOptions", "ImportMapping", "ImportResult", "ImportSummary", "build_mapping",
            "source_kind", "load_source", "import_to_log"]

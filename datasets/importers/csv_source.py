@@ -16,7 +16,7 @@ from pathlib import Path
 from wmcheck.datasets.importers.mapping import ImportMapping
 from wmcheck.datasets.importers.summary import ImportResult
 from wmcheck.datasets.importers.tabular import Table, check_columns, table_to_result
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 DELIMITERS = ",;\t|"
 

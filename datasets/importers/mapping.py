@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from wmcheck.datasets.episode import SOURCES
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 STEP_VALUES = ("start", "end")
 

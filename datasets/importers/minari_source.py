@@ -15,7 +15,7 @@ from wmcheck.datasets.episode import Episode, LogMeta
 from wmcheck.datasets.importers.mapping import CopyOptions
 from wmcheck.datasets.importers.summary import ImportResult, ImportSummary
 from wmcheck.datasets.logformat import open_log
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 
 def import_minari(path: str | Path, options: CopyOptions) -> ImportResult:

@@ -34,7 +34,7 @@ from wmcheck.datasets.episode import Episode, LogMeta
 from wmcheck.datasets.importers.mapping import CopyOptions, ImportMapping
 from wmcheck.datasets.importers.summary import ImportResult, ImportSummary
 from wmcheck.datasets.importers.tabular import Table, check_columns, table_to_result
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 ALIASES = {"terminations": ("terminations", "terminals"), "truncations": ("truncations", "timeouts")}
 

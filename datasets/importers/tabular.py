@@ -28,7 +28,7 @@ from wmcheck.datasets.episode import Episode, LogMeta
 from wmcheck.datasets.importers.mapping import ImportMapping
 from wmcheck.datasets.importers.summary import ImportResult, ImportSummary
 from wmcheck.datasets.importers.timestamps import parse_timestamps
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 NA_STRINGS = ("", "NA", "N/A", "n/a", "na", "NaN", "nan", "NAN", "null", "NULL", "Null", "None",
               "none", "#N/A", "-nan", "nan(ind)")

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 FIX = ('timestamps must be ISO 8601 ("2014-01-01T00:00:00+01:00", "2014-01-01 00:00:00Z") or numeric '
        "seconds; fix or delete the row, or choose the right --time-col")

@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from wmcheck.datasets.episode import Episode, LogMeta
-from wmcheck.scripts.errors import UserError
+from wmcheck.datasets.errors import UserError
 
 OBS_NAMES = ["P_avg", "Ws_avg", "Va_avg", "Ot_avg", "Ya_avg"]  # what the controller sees
 ACTION_NAMES = ["Ba_avg", "Ya_avg"]  # pitch angle, nacelle heading: the commands

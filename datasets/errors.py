@@ -2,7 +2,8 @@
 
 Raise `UserError(problem, fix)` anywhere bad input is detected (missing file, wrong column,
 truncated HDF5, ...). The CLI prints `error: <problem>\n  fix: <fix>` and exits 2 with no
-traceback. Library callers get an ordinary exception they can catch.
+traceback. Library callers get an ordinary exception they can catch. It lives in the lowest layer
+(datasets) so that every package can raise it without importing the CLI.
 """
 from __future__ import annotations
 

@@ -1,0 +1,183 @@
+"""The verdicts of a check, decided in one place: `decide(evidence, levels) -> Decision`.
+
+Owns every rule that turns evidence (evidence.py) into verdicts. Nothing else in wmcheck decides
+a verdict: `run_check` calls this on the checked data, `calibration.power_table` on injected
+real blocks (so "what a pass is worth" is what a check would conclude), and the report only
+words the `Decision`. Each rule below has a row in tests/test_decision.py.
+
+Levels (`Levels.for_check`, one check of n episodes at false-alarm budget alpha): half of alpha
+for the divergence tests, half for the four gap tests (config.split_alpha); an episode's
+divergence test runs at alpha / 2 / (2 * 3 scores * n), its competence tests at alpha / (2 n),
+the pooled test at alpha / 2 / (2 * 3 scores).
+
+Episodes
+  E1  divergent     some score's p (competent blocks) is below the episode level;
+  E2  unverifiable  not divergent, and a block lies outside competence or a competence p is
+                    below the competence level (the model cannot judge it; never a pass);
+  E3  consistent    otherwise.
+Gap rows (latency, actuator, sensor_noise, dynamics, visual)
+  G1  not_checked   the test could not run (the reason is in the evidence);
+  G2  tolerated     the test fires (evidence >= 1) and the gate's tolerance covers the estimate;
+  G3  present       the test fires otherwise;
+  G4  absent        it does not fire.
+  G5  distribution  present when the visited states differ (two-sample test at alpha, or coverage
+                    below the gate's `distribution.min_coverage`), absent otherwise.
+Run
+  R1  fail when any of these holds (the `failing` reasons):
+        episodes     an episode is divergent (E1),
+        pooled       the pooled test rejects for some score,
+        <gap>        a gap row is present (G3), except residual gaps confounded by the shift (R4),
+        coverage     coverage is below the gate's binding `distribution.min_coverage`,
+        policy_gate  the closed-loop policy gate is not met.
+  R2  tolerances: a tolerated gap (G2) does not fail the run by itself, and the divergence
+      reasons (episodes, pooled) are judged on the tests re-run after the corrections of the gaps
+      found (`CheckEvidence.corrected`): a tolerated 1-step latency whose shift removes the
+      divergence passes; divergence that remains after the tolerated corrections fails. (Before:
+      one tolerated gap made the run pass whatever the episodes and the pooled test said.)
+  R3  a distribution gap alone does not fail: under another policy the visited states differ by
+      design; the consistency verdict is about behaviour where the model can judge it. A team
+      that needs coverage sets `distribution.min_coverage` in the gate (R1 coverage).
+  R4  residual gaps (sensor_noise, dynamics) present while the visited states differ (G5) are
+      confounded with the shift (residual levels depend on the states): they make the run
+      unverifiable, not failed.
+  R5  unverifiable when not failed and some episode is unverifiable (E2) or R4 applies; exit code 0
+      only when the gate allows unverifiable runs.
+  R6  pass otherwise (exit 0).
+Top gap
+  T1  among the dynamics-family gaps that fire (present or tolerated), the one the bootstrap
+      separates (largest evidence in >= 90 % of replicates; attribution.separate_top), else none
+      with the confounded ones listed;
+  T2  then the visual gap if it fires;
+  T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
+      that the model judges consistent).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from wmcheck.checks.config import DYNAMICS_GAPS, SCORES, split_alpha
+from wmcheck.checks.evidence import CheckEvidence, DivergenceEvidence, EpisodeEvidence, GapEvidence
+
+RESIDUAL_GAPS = ("sensor_noise", "dynamics")
+"""Gap tests that compare residual levels with the real blocks' (they depend on the visited states)."""
+EXIT_CODES = {"pass": 0, "fail": 1, "unverifiable": 1}
+
+
+@dataclass(frozen=True)
+class Levels:
+    """The significance level of every test in one check (see the module docstring)."""
+
+    alpha: float
+    episode: float  # per-episode divergence test, per score
+    competence: float  # per-episode competence tests
+    pooled: float  # pooled divergence test, per score
+    gap: float  # each gap test
+
+    @classmethod
+    def for_check(cls, alpha: float, n_episodes: int) -> "Levels":
+        a_div, a_gap = split_alpha(alpha)
+        n = max(int(n_episodes), 1)
+        return cls(alpha, a_div / (2 * len(SCORES) * n), alpha / (2 * n), a_div / (2 * len(SCORES)), a_gap)
+
+
+@dataclass
+class Decision:
+    verdict: str  # pass / fail / unverifiable (the release verdict)
+    exit_code: int
+    episodes: dict[int, str]  # episode id -> consistent / divergent / unverifiable (as checked)
+    gaps: dict[str, str]  # gap -> present / absent / tolerated / not_checked (distribution included)
+    top_gap: str = "none"
+    confounded: list[str] = field(default_factory=list)
+    failing: tuple[str, ...] = ()  # R1 reasons, after tolerances
+    failing_without_tolerance: tuple[str, ...] = ()  # the same reasons had the gate tolerated nothing
+    shift_confounded: tuple[str, ...] = ()  # R4
+    consistency_verdict: str = "pass"  # the verdict without the policy gate
+
+    @property
+    def tolerated_by_gate(self) -> bool:
+        return bool(self.failing_without_tolerance) and not self.failing
+
+    def count(self, verdict: str) -> int:
+        return sum(v == verdict for v in self.episodes.values())
+
+
+def episode_verdict(ep: EpisodeEvidence, levels: Levels) -> str:
+    """E1-E3."""
+    if any(p < levels.episode for p in ep.divergence_p.values() if not math.isnan(p)):
+        return "divergent"
+    if ep.outside_competence > 0 or any(p < levels.competence for p in ep.competence_p.values() if not math.isnan(p)):
+        return "unverifiable"
+    return "consistent"
+
+
+def gap_verdict(g: GapEvidence) -> str:
+    """G1-G4."""
+    if not g.checked:
+        return "not_checked"
+    if g.fires:
+        return "tolerated" if g.within_tolerance else "present"
+    return "absent"
+
+
+def pooled_rejects(div: DivergenceEvidence, levels: Levels) -> bool:
+    return any(p < levels.pooled for p in div.pooled.p_values.values() if not math.isnan(p))
+
+
+def _divergence_reasons(div: DivergenceEvidence, levels: Levels) -> list[str]:
+    out = []
+    if any(episode_verdict(e, levels) == "divergent" for e in div.episodes):
+        out.append("episodes")
+    if pooled_rejects(div, levels):
+        out.append("pooled")
+    return out
+
+
+def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) -> Decision:
+    """The verdicts of one check (rules E, G, R, T of the module docstring)."""
+    episodes = {e.id: episode_verdict(e, levels) for e in ev.divergence.episodes}
+    gaps = {g: gap_verdict(ev.gaps[g]) for g in (*DYNAMICS_GAPS, "visual")}
+    dist = ev.distribution
+    gaps["distribution"] = "not_checked" if dist is None else ("present" if dist.shifted else "absent")
+    shifted = dist is not None and dist.shifted
+    shift_confounded = tuple(g for g in RESIDUAL_GAPS if shifted and gaps[g] in ("present", "tolerated"))
+
+    def reasons(tolerate: bool) -> tuple[str, ...]:
+        tolerated = [g for g, v in gaps.items() if v == "tolerated"] if tolerate else []
+        div = ev.corrected if (tolerated and ev.corrected is not None) else ev.divergence  # R2
+        out = _divergence_reasons(div, levels)
+        for g in (*DYNAMICS_GAPS, "visual"):
+            red = gaps[g] == "present" or (not tolerate and gaps[g] == "tolerated")
+            if red and g not in shift_confounded:  # R4
+                out.append(g)
+        if dist is not None and dist.below_min_coverage:
+            out.append("coverage")
+        return tuple(out)
+
+    failing, raw = reasons(True), reasons(False)
+    if failing:
+        consistency = "fail"
+    elif any(v == "unverifiable" for v in episodes.values()) or shift_confounded:
+        consistency = "unverifiable"  # R5
+    else:
+        consistency = "pass"
+    verdict = consistency
+    if ev.policy_gate_passed is False:
+        failing, raw, verdict = failing + ("policy_gate",), raw + ("policy_gate",), "fail"
+    exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and allow_unverifiable) else EXIT_CODES[verdict]
+    top, confounded = top_gap(ev, gaps, pooled_rejects(ev.divergence, levels))
+    return Decision(verdict, exit_code, episodes, gaps, top, confounded, failing, raw, shift_confounded, consistency)
+
+
+def top_gap(ev: CheckEvidence, gaps: dict[str, str], pooled_reject: bool) -> tuple[str, list[str]]:
+    """T1-T3: the gap the evidence names, or 'none' and the gaps it cannot separate."""
+    from wmcheck.checks.attribution import separate_top
+
+    firing = [g for g in DYNAMICS_GAPS if gaps[g] in ("present", "tolerated")]
+    top, confounded = separate_top({g: ev.gaps[g].boot for g in firing}, firing)
+    if top == "none" and not confounded:
+        if gaps["visual"] in ("present", "tolerated"):
+            top = "visual"
+        elif gaps["distribution"] == "present" and not pooled_reject:
+            top = "distribution"
+    return top, confounded

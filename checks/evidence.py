@@ -1,0 +1,116 @@
+"""What a check measured, as typed data: the input of the decision (decision.py) and the report.
+
+Owns the evidence dataclasses and nothing else: no verdicts, no prose, no dicts keyed by packed
+strings. Every test a check runs leaves one of these:
+
+  EpisodeEvidence      one checked episode: its divergence p-values (prediction test against a
+                       new real episode, competent blocks only), its competence p-values, the
+                       share of its blocks outside competence, the step where divergence starts
+  PooledEvidence       the pooled divergence test over all competent blocks (paired or unpaired)
+  DivergenceEvidence   the episodes plus the pooled test (as checked, or after the corrections of
+                       the gaps found: `CheckEvidence.corrected`)
+  GapEvidence          one gap test (latency, actuator, sensor_noise, dynamics, visual): its
+                       statistic on the evidence scale (statistic / null (1 - level) quantile,
+                       >= 1 fires), whether the gate's tolerance covers its estimate, its
+                       bootstrap replicates (to separate the top gap), and a typed `detail` that the
+                       report turns into an estimate and an explanation
+  DistributionEvidence the two-sample test of the visited states and the coverage of the support
+  CheckEvidence        all of the above for one check, plus the policy gate's outcome
+The power table (calibration.power_table) builds the same dataclasses on injected real blocks, so
+the decision it replays is the check's own.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wmcheck.checks.config import DYNAMICS_GAPS
+
+
+@dataclass
+class EpisodeEvidence:
+    id: int
+    divergence_p: dict[str, float]  # score -> one-sided p on the competent blocks (nan: no competent block)
+    competence_p: dict[str, float]  # support / disagreement -> one-sided p on all blocks
+    outside_competence: int  # blocks of the episode outside the model's competence
+    blocks: int
+    name: str | None = None
+    steps: int = 0
+    onset_step: int | None = None  # step of the first flagged competent block's divergence
+    score: float = 0.5  # largest rank AUC over scores of the episode's blocks against real blocks
+    mean_scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def outside_competence_fraction(self) -> float:
+        return self.outside_competence / max(self.blocks, 1)
+
+
+@dataclass
+class PooledEvidence:
+    p_values: dict[str, float]  # score -> one-sided p (nan: no competent block)
+    paired: bool = False  # each checked block against the real block whose logged inputs it replays
+    paired_blocks: int = 0
+    competent_blocks: int = 0
+
+
+@dataclass
+class DivergenceEvidence:
+    episodes: list[EpisodeEvidence]
+    pooled: PooledEvidence
+
+
+@dataclass
+class GapEvidence:
+    """One gap test. `evidence` is the statistic over its null (1 - level) quantile: >= 1 fires."""
+
+    gap: str
+    evidence: float | None = None
+    checked: bool = True  # False: the test could not run; `reason` says why
+    within_tolerance: bool = False  # the gate's tolerance for this gap covers the estimate
+    boot: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (reps,) bootstrap evidence
+    detail: Any = None  # the gap's typed estimate (attribution_run.LatencyDetail, ...), for the report
+    reason: str = ""
+
+    @property
+    def fires(self) -> bool:
+        """The test is significant at its level (tolerated or not)."""
+        return self.checked and self.evidence is not None and not math.isnan(self.evidence) and self.evidence >= 1.0
+
+    @classmethod
+    def not_checked(cls, gap: str, reason: str) -> "GapEvidence":
+        return cls(gap, None, checked=False, reason=reason)
+
+
+@dataclass
+class DistributionEvidence:
+    p_value: float  # MMD two-sample test of visited states, whole episodes permuted
+    mmd2: float = 0.0
+    coverage: float = 1.0  # share of checked steps inside the real data's support
+    outside_competence_fraction: float = 0.0
+    min_coverage: float | None = None  # the gate's binding minimum coverage, if any
+    alpha: float = 0.05  # level of the two-sample test
+
+    @property
+    def shifted(self) -> bool:
+        """The visited states differ from the real logs' (two-sample test or the gate's coverage)."""
+        return self.p_value < self.alpha or self.below_min_coverage
+
+    @property
+    def below_min_coverage(self) -> bool:
+        return self.min_coverage is not None and self.coverage < self.min_coverage
+
+
+@dataclass
+class CheckEvidence:
+    divergence: DivergenceEvidence  # the checked data as they are
+    gaps: dict[str, GapEvidence]  # DYNAMICS_GAPS and "visual"
+    distribution: DistributionEvidence | None = None
+    corrected: DivergenceEvidence | None = None  # the same tests after the corrections of the gaps that fired
+    policy_gate_passed: bool | None = None  # None: no policy was run
+
+    def __post_init__(self) -> None:
+        missing = [g for g in (*DYNAMICS_GAPS, "visual") if g not in self.gaps]
+        assert not missing, f"CheckEvidence needs every gap test, missing {missing}"

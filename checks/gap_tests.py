@@ -1,0 +1,191 @@
+"""The gap tests of one check, run through the world model: evidence for latency, actuator,
+sensor_noise and dynamics (attribution.py owns the statistics; this module applies them).
+
+Owns `run_gap_tests(ctx) -> GapTests`, in the order corrections are found (each on what the
+previous ones leave, since a delay looks partly like a weaker gain):
+  1. latency: the delay search over -max_delay..max_delay (one-step NLL), the estimate by curve
+     registration against the real blocks' curve;
+  2. actuator: per command channel and kind (gain / offset / deadband) the search on the commands
+     with the latency found (when its test fires) corrected; only the candidates the model can
+     judge (commands inside the training range; attribution.allowed_corrections); Bonferroni
+     over the searches; the estimate is the significant correction that explains the most;
+  3. the corrections that fired are applied and the blocks re-scored: the residual tests
+     (sensor_noise, dynamics; attribution.residual_evidence) run on the corrected scores, and so
+     do the divergence tests the decision uses for tolerated gaps (`GapTests.corrected_scores`).
+Each test yields a `GapEvidence` with a typed detail (LatencyDetail, ActuatorDetail,
+ResidualDetail) that the report words; the gate's tolerances (config.Tolerances) set
+`within_tolerance`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wmcheck.checks import attribution as attr
+from wmcheck.checks.blocks import Blocks, make_blocks
+from wmcheck.checks.config import Tolerances
+from wmcheck.checks.evidence import GapEvidence
+from wmcheck.checks.scoring import BlockScores, score_blocks
+from wmcheck.checks.stats import cluster_bootstrap
+from wmcheck.checks.transforms import actuator_correction, shift_actions
+
+
+@dataclass
+class GapContext:
+    """What the gap tests need: the model, the checked episodes and their scores, calibration."""
+
+    model: object
+    norm: object  # datasets.normalize.Normalizer
+    cal: object  # calibration.Calibration
+    episodes: list  # checked Episodes (those that have blocks)
+    blocks: Blocks
+    scores: BlockScores
+    comp_idx: np.ndarray  # (k,) competent blocks
+    level: float  # each gap test's level (config.split_alpha)
+    tolerances: Tolerances
+    rng: np.random.Generator
+    seed: int = 0
+    dt: float | None = None
+
+
+@dataclass
+class LatencyDetail:
+    steps: int  # registered delay estimate (> 0: the simulator lacks latency)
+    interval: tuple[float, float]  # 90 % episode-bootstrap interval (steps)
+    best_shift: int  # the search's best shift of the commands
+    improvement: float  # one-step NLL gain of that shift (nats per step and channel)
+    statistic: float  # its paired t
+    threshold: float  # the same search's null quantile on real blocks
+    delays: np.ndarray  # (Ld,)
+    curve: np.ndarray  # (Ld,) mean one-step NLL of the checked blocks per delay
+    real_curve: np.ndarray  # (Ld,) the real blocks'
+    dt: float | None = None
+
+
+@dataclass
+class Correction:
+    """One actuator search's best candidate, in the channel's physical units."""
+
+    channel: str
+    index: int
+    kind: str  # gain / offset / deadband
+    value: float
+    interval: tuple[float, float]
+    evidence: float
+    improvement: float
+    statistic: float
+    threshold: float
+
+
+@dataclass
+class ActuatorDetail:
+    best: Correction  # the significant correction that explains the most
+    searches: list[Correction]  # every channel and kind
+    extrapolated_share: float  # share of the corrected commands outside the training range
+    untested: dict[str, dict[str, list[float]]]  # channel -> kind -> candidates the model cannot judge
+    competence_alpha: float = 0.01
+
+
+@dataclass
+class ResidualDetail:
+    stats: attr.ResidualStats
+    names: list[str]  # observation channels
+    std: np.ndarray  # (D,) channel std (normalised -> physical)
+    ac1_checked: np.ndarray  # (D,) lag-1 autocorrelation of the checked residuals
+    ac1_real: np.ndarray  # (D,)
+    applied: list[str]  # corrections applied before the residual tests
+    per_channel_ratio: np.ndarray  # (D,) open-loop error, checked / real
+    per_horizon_ratio: np.ndarray  # (H,)
+
+
+@dataclass
+class GapTests:
+    gaps: dict[str, GapEvidence]  # latency, actuator, sensor_noise, dynamics
+    corrected_scores: BlockScores  # the blocks re-scored after the corrections that fired (= scores without)
+    applied: list[str] = field(default_factory=list)
+
+
+def run_gap_tests(ctx: GapContext) -> GapTests:
+    if len(ctx.comp_idx) == 0:
+        why = "no block lies inside the model's competence"
+        return GapTests({g: GapEvidence.not_checked(g, why) for g in ("latency", "actuator", "sensor_noise", "dynamics")},
+                        ctx.scores)
+    boot_idx = cluster_bootstrap(ctx.rng, ctx.blocks.episode[ctx.comp_idx], ctx.cal.config.bootstrap)  # whole episodes
+    latency = latency_test(ctx, boot_idx)
+    shift = latency.detail.steps if latency.fires else 0
+    act_eps = [shift_actions(e, shift) for e in ctx.episodes] if shift else ctx.episodes
+    actuator = actuator_test(ctx, act_eps, boot_idx)
+    corrected, applied = act_eps, [f"delay {shift} steps"] if shift else []
+    if actuator.fires:
+        b = actuator.detail.best
+        corrected = [actuator_correction(e, b.index, b.kind, b.value) for e in corrected]
+        applied.append(f"{b.kind} {b.value:.3g} on {b.channel}")
+    sc = ctx.scores
+    if applied:
+        cfg = ctx.cal.config
+        sc = score_blocks(ctx.model, make_blocks(corrected, ctx.norm, cfg.context, cfg.horizon), cfg.samples,
+                          ctx.cal.support_ref, ctx.cal.support_scale, seed=ctx.seed)
+    sensor, dynamics = residual_tests(ctx, sc, boot_idx, applied)
+    return GapTests({"latency": latency, "actuator": actuator, "sensor_noise": sensor, "dynamics": dynamics}, sc, applied)
+
+
+def latency_test(ctx: GapContext, boot_idx) -> GapEvidence:
+    cfg, real = ctx.cal.config, ctx.cal.real_search
+    J = attr.search_matrices(ctx.model, ctx.episodes, ctx.norm, cfg, ctx.norm.std["action"].astype(float), actuator=False)
+    delays = J.delays
+    checked = J.latency[:, ctx.comp_idx]  # (Ld, k)
+    res = attr.evaluate_search(checked, real.latency, delays, attr.identity_index("delay", delays), ctx.level, ctx.rng,
+                               cfg.bootstrap, boot_idx, ctx.cal.real_episode)
+    steps, interval = attr.registered_delay(checked, real.latency, delays, boot_idx)
+    detail = LatencyDetail(steps, interval, int(delays[res.best]), res.improvement, res.evidence * res.threshold, res.threshold,
+                           delays, res.curve, real.latency.mean(1), ctx.dt)
+    return GapEvidence("latency", res.evidence, within_tolerance=ctx.tolerances.latency.covers(steps),
+                       boot=res.boot_evidence, detail=detail)
+
+
+def actuator_test(ctx: GapContext, act_eps, boot_idx) -> GapEvidence:
+    cfg, norm = ctx.cal.config, ctx.norm
+    astd = norm.std["action"].astype(float)
+    if not len(astd):
+        return GapEvidence.not_checked("actuator", "no command channels")
+    J = attr.search_matrices(ctx.model, ctx.episodes, norm, cfg, astd, latency=False, actuator_episodes=act_eps)
+    names = norm.names["action"]
+    level = ctx.level / max(1, J.n_actuator_searches)
+    found, boots, untested = [], [], {}
+    for kind, c, grid, mat in J.searches():
+        unit = 1.0 if kind == "gain" else float(astd[c])
+        ident = attr.identity_index(kind, grid)
+        allowed = attr.allowed_corrections(norm, act_eps, c, kind, grid, unit, cfg.competence_alpha)  # (G,)
+        if not allowed.all():
+            untested.setdefault(names[c], {})[kind] = [float(v * unit) for v in grid[~allowed]]
+        r = attr.evaluate_search(mat[:, ctx.comp_idx], ctx.cal.real_search.actuator[kind][c], grid, ident, level, ctx.rng,
+                                 cfg.bootstrap, boot_idx, ctx.cal.real_episode, allowed)
+        found.append(Correction(names[c], c, kind, float(grid[r.best]) * unit, (r.interval[0] * unit, r.interval[1] * unit),
+                                float(r.evidence), float(r.improvement), float(r.evidence * r.threshold), float(r.threshold)))
+        boots.append(r.boot_evidence)
+    # Gain, offset and deadband can all partly mimic one another: the estimate is the significant
+    # correction that explains the most; the gap's evidence is the strongest search.
+    significant = [f for f in found if f.evidence >= 1.0] or found
+    best = max(significant, key=lambda f: f.improvement)
+    extrap = attr.outside_training_share(norm, [actuator_correction(e, best.index, best.kind, best.value) for e in act_eps],
+                                         best.index)
+    detail = ActuatorDetail(best, found, extrap, untested, cfg.competence_alpha)
+    return GapEvidence("actuator", max(f.evidence for f in found), within_tolerance=ctx.tolerances.actuator.covers(best.kind, best.value),
+                       boot=np.max(np.stack(boots), 0), detail=detail)
+
+
+def residual_tests(ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str]) -> tuple[GapEvidence, GapEvidence]:
+    real, idx = ctx.cal.real, ctx.comp_idx
+    stats = attr.residual_evidence(sc.resid_std[idx], real.resid_std, sc.resid_mean[idx], real.resid_mean,
+                                   sc.resid_ac1[idx], real.resid_ac1, ctx.level, ctx.rng, ctx.cal.config.bootstrap, boot_idx,
+                                   (ctx.blocks.episode[idx], ctx.cal.real_episode))
+    std = ctx.norm.std["obs"].astype(float)
+    detail = ResidualDetail(stats, list(ctx.norm.names["obs"]), std, sc.resid_ac1[idx].mean(0), real.resid_ac1.mean(0), applied,
+                            sc.div_channel[idx].mean(0) / np.maximum(real.div_channel.mean(0), 1e-9),
+                            sc.div_curve[idx].mean(0) / np.maximum(real.div_curve.mean(0), 1e-9))
+    worst = int(np.argmax(stats.sensor_per_channel))
+    covers = ctx.tolerances.sensor_noise.covers(float(stats.ratio[worst]), float(stats.bias[worst] * std[worst]))
+    sensor = GapEvidence("sensor_noise", stats.sensor_evidence, within_tolerance=covers, boot=stats.sensor_boot, detail=detail)
+    dynamics = GapEvidence("dynamics", stats.dynamics_evidence, boot=stats.dynamics_boot, detail=detail)
+    return sensor, dynamics

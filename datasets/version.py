@@ -1,0 +1,11 @@
+"""The installed wmcheck version (stamped into logs, checkpoints and reports)."""
+from __future__ import annotations
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as _version
+
+    try:
+        return _version("wmcheck")
+    except PackageNotFoundError:  # running from a source tree without install
+        return "0+unknown"

@@ -1,0 +1,46 @@
+"""CLI options come from the config dataclasses (one source of defaults and help), and the layers
+point one way (nothing below scripts/ imports it)."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from wmcheck.checks.config import CheckConfig
+from wmcheck.scripts.cli import build_parser
+from wmcheck.scripts.cmd_calibrate import CHECK_OPTIONS
+from wmcheck.scripts.cmd_train import TRAIN_OPTIONS
+from wmcheck.scripts.config_args import field_docs
+from wmcheck.training.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _defaults(cls) -> dict:
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def test_train_and_calibrate_defaults_are_the_dataclasses():
+    parser = build_parser()
+    train = vars(parser.parse_args(["train", "log.h5", "--out", "run"]))
+    calib = vars(parser.parse_args(["calibrate", "run"]))
+    for name in TRAIN_OPTIONS:
+        assert train[name] == _defaults(TrainConfig)[name], name
+    for name in CHECK_OPTIONS:
+        assert train[name] == calib[name] == _defaults(CheckConfig)[name], name
+    assert parser.parse_args(["calibrate", "run", "--max-delay", "2"]).max_delay == 2
+
+
+def test_help_is_the_field_docstring():
+    docs = field_docs(TrainConfig)
+    assert docs["lr"].startswith("Reference learning rate")
+    sub = build_parser()._subparsers._group_actions[0].choices["train"]
+    help_text = " ".join(sub.format_help().split())
+    assert "Reference learning rate" in help_text and "(default 4e-05)" in help_text
+
+
+def test_lower_layers_never_import_scripts():
+    pattern = re.compile(r"^\s*(from|import)\s+wmcheck\.scripts", re.M)
+    offenders = [str(p.relative_to(ROOT)) for pkg in ("checks", "training", "datasets", "worldmodel")
+                 for p in (ROOT / pkg).rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []

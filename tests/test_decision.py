@@ -1,0 +1,161 @@
+"""The decision (checks/decision.py) rule by rule, without a model: typed evidence in, verdicts out.
+
+Each row of CASES is one rule of the decision's docstring: the evidence that triggers it and the
+verdict, exit code, failing reasons and top gap it must give. A decision that passes everything or
+fails everything breaks many rows.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from wmcheck.checks.config import ActuatorTolerance, Gate, LatencyTolerance, Tolerances
+from wmcheck.checks.decision import Levels, decide, episode_verdict, gap_verdict
+from wmcheck.checks.evidence import (CheckEvidence, DistributionEvidence, DivergenceEvidence, EpisodeEvidence, GapEvidence,
+                                     PooledEvidence)
+from wmcheck.datasets.errors import UserError
+
+LEVELS = Levels.for_check(0.05, 4)
+CALM = {"divergence": 0.5, "nll": 0.4, "kl": 0.6}
+TINY = 1e-9  # far below every level
+
+
+def episodes(divergent: int = 0, unverifiable: int = 0, n: int = 4) -> list[EpisodeEvidence]:
+    out = []
+    for i in range(n):
+        div = dict(CALM, nll=TINY) if i < divergent else dict(CALM)
+        outside = 1 if divergent <= i < divergent + unverifiable else 0
+        out.append(EpisodeEvidence(i, div, {"support": 0.5}, outside, 4))
+    return out
+
+
+def evidence(divergent=0, unverifiable=0, pooled=False, fire=(), tolerate=(), boot=None, shifted=False, min_coverage=None,
+             coverage=1.0, corrected_clean=None, policy=None, not_checked=()) -> CheckEvidence:
+    gaps = {}
+    for g in ("latency", "actuator", "sensor_noise", "dynamics", "visual"):
+        if g in not_checked:
+            gaps[g] = GapEvidence.not_checked(g, "cannot run")
+            continue
+        ev = 3.0 if g in fire else 0.2
+        b = np.full(50, ev) if boot is None else np.asarray(boot.get(g, np.full(50, ev)))
+        gaps[g] = GapEvidence(g, ev, within_tolerance=g in tolerate, boot=b)
+    div = DivergenceEvidence(episodes(divergent, unverifiable), PooledEvidence(dict(CALM, divergence=TINY) if pooled else dict(CALM)))
+    corrected = None
+    if corrected_clean is not None:
+        corrected = (DivergenceEvidence(episodes(0, unverifiable), PooledEvidence(dict(CALM))) if corrected_clean else div)
+    dist = DistributionEvidence(0.001 if shifted else 0.5, coverage=coverage, min_coverage=min_coverage)
+    return CheckEvidence(div, gaps, dist, corrected, policy)
+
+
+CASES = [
+    # (rule, evidence kwargs, verdict, exit code, failing reasons, top gap)
+    ("R6 nothing found: pass", {}, "pass", 0, (), "none"),
+    ("E1/R1 a divergent episode fails", dict(divergent=1), "fail", 1, ("episodes",), "none"),
+    ("R1 the pooled test alone fails", dict(pooled=True), "fail", 1, ("pooled",), "none"),
+    ("G3/R1 a present gap fails without divergence", dict(fire=("actuator",)), "fail", 1, ("actuator",), "actuator"),
+    ("T1 two gaps, the bootstrap separates", dict(fire=("latency", "actuator"), boot={"latency": np.full(50, 5.0)}),
+     "fail", 1, ("latency", "actuator"), "latency"),
+    ("T1 two gaps the bootstrap cannot separate are confounded",
+     dict(fire=("latency", "actuator"), boot={"latency": np.r_[np.full(25, 5.0), np.ones(25)], "actuator": np.full(50, 3.0)}),
+     "fail", 1, ("latency", "actuator"), "none"),
+    ("R2 a tolerated gap alone passes", dict(fire=("latency",), tolerate=("latency",)), "pass", 0, (), "latency"),
+    ("R2 tolerated, and its correction removes the divergence: pass",
+     dict(divergent=2, pooled=True, fire=("latency",), tolerate=("latency",), corrected_clean=True), "pass", 0, (), "latency"),
+    ("R2 tolerated, but the divergence remains after the correction: fail",
+     dict(divergent=2, pooled=True, fire=("latency",), tolerate=("latency",), corrected_clean=False),
+     "fail", 1, ("episodes", "pooled"), "latency"),
+    ("R2 a tolerated gap does not excuse another present gap",
+     dict(fire=("latency", "dynamics"), tolerate=("latency",), boot={"dynamics": np.full(50, 9.0)}), "fail", 1, ("dynamics",),
+     "dynamics"),
+    ("E2/R5 an episode outside competence: unverifiable", dict(unverifiable=1), "unverifiable", 1, (), "none"),
+    ("E1 beats E2: divergent on its competent blocks fails", dict(divergent=1, unverifiable=1), "fail", 1, ("episodes",), "none"),
+    ("R3/T3 a distribution gap alone is reported, not failing", dict(shifted=True), "pass", 0, (), "distribution"),
+    ("R1 coverage below the gate's binding minimum fails", dict(min_coverage=0.9, coverage=0.5), "fail", 1, ("coverage",),
+     "distribution"),
+    ("R4 residual gaps on shifted states: unverifiable, not fail", dict(shifted=True, fire=("sensor_noise",)),
+     "unverifiable", 1, (), "sensor_noise"),
+    ("R4 does not cover the searches: a latency gap on shifted states fails", dict(shifted=True, fire=("latency",)),
+     "fail", 1, ("latency",), "latency"),
+    ("R1 a visual gap fails", dict(fire=("visual",)), "fail", 1, ("visual",), "visual"),
+    ("R1 a failed policy gate fails a consistent check", dict(policy=False), "fail", 1, ("policy_gate",), "none"),
+    ("G1 tests that could not run neither pass nor fail a gap", dict(not_checked=("latency", "actuator")), "pass", 0, (), "none"),
+]
+
+
+@pytest.mark.parametrize("rule,kwargs,verdict,code,failing,top", CASES, ids=[c[0] for c in CASES])
+def test_decision_rules(rule, kwargs, verdict, code, failing, top):
+    dec = decide(evidence(**kwargs), LEVELS)
+    assert (dec.verdict, dec.exit_code, dec.failing, dec.top_gap) == (verdict, code, failing, top), dec
+
+
+def test_allow_unverifiable_changes_the_exit_code_not_the_verdict():
+    dec = decide(evidence(unverifiable=1), LEVELS, allow_unverifiable=True)
+    assert dec.verdict == "unverifiable" and dec.exit_code == 0
+    assert decide(evidence(divergent=1), LEVELS, allow_unverifiable=True).exit_code == 1
+
+
+def test_tolerated_pass_is_flagged_and_keeps_the_episode_verdicts_as_checked():
+    dec = decide(evidence(divergent=2, fire=("latency",), tolerate=("latency",), corrected_clean=True), LEVELS)
+    assert dec.verdict == "pass" and dec.tolerated_by_gate
+    assert dec.count("divergent") == 2  # what the simulator does as it is
+    assert dec.failing_without_tolerance == ("episodes", "latency")
+    assert decide(evidence(), LEVELS).tolerated_by_gate is False
+
+
+def test_gap_and_episode_rows():
+    assert gap_verdict(GapEvidence("latency", 1.0)) == "present"  # evidence >= 1 fires
+    assert gap_verdict(GapEvidence("latency", 0.999)) == "absent"
+    assert gap_verdict(GapEvidence("latency", 2.0, within_tolerance=True)) == "tolerated"
+    assert gap_verdict(GapEvidence("latency", math.nan)) == "absent"
+    assert gap_verdict(GapEvidence.not_checked("latency", "x")) == "not_checked"
+    nan_ep = EpisodeEvidence(0, {s: math.nan for s in CALM}, {}, 4, 4)  # no competent block
+    assert episode_verdict(nan_ep, LEVELS) == "unverifiable"
+    edge = EpisodeEvidence(0, dict(CALM, kl=LEVELS.episode * 1.01), {}, 0, 4)
+    assert episode_verdict(edge, LEVELS) == "consistent"
+    edge.divergence_p["kl"] = LEVELS.episode * 0.99
+    assert episode_verdict(edge, LEVELS) == "divergent"
+
+
+def test_levels_split_alpha_over_scores_episodes_and_gaps():
+    lv = Levels.for_check(0.05, 5)
+    assert lv.episode == pytest.approx(0.025 / (2 * 3 * 5))
+    assert lv.pooled == pytest.approx(0.025 / 6)
+    assert lv.gap == pytest.approx(0.05 / 8)
+    assert lv.competence == pytest.approx(0.05 / 10)
+    assert Levels.for_check(0.05, 50).episode < lv.episode  # more episodes, stricter per episode
+
+
+def test_gate_rejects_unknown_misspelt_and_mistyped_keys(tmp_path):
+    cases = {
+        "latency: {max_step: 1}": "max_step",
+        "sensor_noise: {max_ratioo: 2}": "max_ratioo",
+        "lateny: {max_steps: 1}": "lateny",
+        "latency: {max_steps: one}": "max_steps",
+        "dynamics: {max_ratio: 2}": "max_ratio",
+    }
+    for body, name in cases.items():
+        f = tmp_path / "gate.yaml"
+        f.write_text(f"tolerances:\n  {body}\n")
+        with pytest.raises(UserError) as err:
+            Gate.load(f)
+        assert name in str(err.value), (body, str(err.value))
+    (tmp_path / "g2.yaml").write_text("allow_unverifiable: 'yes'\n")
+    with pytest.raises(UserError, match="allow_unverifiable"):
+        Gate.load(tmp_path / "g2.yaml")
+    (tmp_path / "g3.yaml").write_text("alpah: 0.05\n")
+    with pytest.raises(UserError, match="alpah"):
+        Gate.load(tmp_path / "g3.yaml")
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("alpha: 0.01\ntolerances:\n  latency: {max_steps: 1}\n  sensor_noise: {max_ratio: 1.5, max_bias: 0.1}\n")
+    gate = Gate.load(ok)
+    assert gate.tolerances.latency.covers(-1) and not gate.tolerances.latency.covers(2)
+    assert gate.tolerances.sensor_noise.covers(0.8, 0.05) and not gate.tolerances.sensor_noise.covers(1.2, 0.2)
+
+
+def test_tolerances_cover_only_what_they_name():
+    t = Tolerances(actuator=ActuatorTolerance(max_gain_error=0.1))
+    assert t.actuator.covers("gain", 0.95) and not t.actuator.covers("gain", 0.8)
+    assert not t.actuator.covers("offset", 0.0)  # no offset bound given: an offset is not tolerated
+    assert not LatencyTolerance().covers(0)
