@@ -1,5 +1,5 @@
 # The two commands the README documents. Both start by setting up .venv (idempotent).
-.PHONY: setup demo test
+.PHONY: setup demo test lint format
 
 setup:
 	bash scripts/setup.sh
@@ -7,5 +7,14 @@ setup:
 demo: setup
 	.venv/bin/wmcheck demo
 
-test: setup
+test: setup lint
 	.venv/bin/python -m pytest
+
+# The formatter and linter (configured in pyproject.toml); `make format` applies them.
+lint: setup
+	.venv/bin/ruff format --check .
+	.venv/bin/ruff check .
+
+format: setup
+	.venv/bin/ruff format .
+	.venv/bin/ruff check --fix .

@@ -21,6 +21,7 @@ of searching is in it.
 The attribution never blends: each gap has its own evidence, estimate and interval, and the top
 gap is named only when the block bootstrap separates it from the runner-up.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,7 +31,6 @@ import numpy as np
 from wmcheck.checks.blocks import make_blocks
 from wmcheck.checks.scoring import attribution_objective, one_step_nll
 from wmcheck.checks.transforms import actuator_correction, shift_actions
-
 
 ACTUATOR_KINDS = ("gain", "offset", "deadband")
 """The actuator corrections searched, one factor at a time per command channel."""
@@ -53,11 +53,14 @@ class SearchMatrices:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays, prefix: str) -> "SearchMatrices":
+    def from_arrays(cls, arrays, prefix: str) -> SearchMatrices:
         kinds = [k for k in ACTUATOR_KINDS if f"{prefix}grid_{k}" in arrays]
-        return cls(np.asarray(arrays[prefix + "delays"]), np.asarray(arrays[prefix + "latency"]),
-                   {k: np.asarray(arrays[f"{prefix}grid_{k}"]) for k in kinds},
-                   {k: np.asarray(arrays[f"{prefix}actuator_{k}"]) for k in kinds})
+        return cls(
+            np.asarray(arrays[prefix + "delays"]),
+            np.asarray(arrays[prefix + "latency"]),
+            {k: np.asarray(arrays[f"{prefix}grid_{k}"]) for k in kinds},
+            {k: np.asarray(arrays[f"{prefix}actuator_{k}"]) for k in kinds},
+        )
 
     def searches(self):
         """(kind, channel, grid, J (G, n)) for every actuator search."""
@@ -75,14 +78,23 @@ def identity_index(kind: str, grid: np.ndarray) -> int:
     return int(np.flatnonzero(np.asarray(grid) == (1.0 if kind == "gain" else 0.0))[0])
 
 
-def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray, latency: bool = True,
-                    actuator_episodes=None, actuator: bool = True,
-                    kinds: tuple[str, ...] = ACTUATOR_KINDS) -> SearchMatrices:
+def search_matrices(
+    model,
+    episodes,
+    normalizer,
+    cfg,
+    action_std: np.ndarray,
+    latency: bool = True,
+    actuator_episodes=None,
+    actuator: bool = True,
+    kinds: tuple[str, ...] = ACTUATOR_KINDS,
+) -> SearchMatrices:
     """Evaluate J for every candidate correction on the blocks of `episodes`; the actuator searches
     run on `actuator_episodes` when given (the checked episodes with the latency found already
     corrected: corrections are found in order, each on what the previous ones leave), and the
     latency search is skipped when `latency` is False (its matrix is then empty), the actuator
     searches when `actuator` is False; `kinds` limits them to some of gain / offset / deadband."""
+
     def blocks(eps):
         return make_blocks(eps, normalizer, cfg.context, cfg.horizon)
 
@@ -92,11 +104,19 @@ def search_matrices(model, episodes, normalizer, cfg, action_std: np.ndarray, la
     # Latency is an alignment question: the one-step NLL pins it to the step (an open-loop term
     # blurs it); gains, offsets and deadbands accumulate over steps, so they use the full objective.
     delays = np.arange(-cfg.max_delay, cfg.max_delay + 1)
-    latency = (np.stack([one_step_nll(model, blocks([shift_actions(e, int(d)) for e in episodes]), seed=cfg.seed)
-                         for d in delays]) if latency else np.zeros((0, 0)))
+    latency = (
+        np.stack(
+            [one_step_nll(model, blocks([shift_actions(e, int(d)) for e in episodes]), seed=cfg.seed) for d in delays]
+        )
+        if latency
+        else np.zeros((0, 0))
+    )
     episodes = episodes if actuator_episodes is None else actuator_episodes
-    grids = {"gain": np.asarray(cfg.gain_grid), "offset": np.asarray(cfg.offset_grid),
-             "deadband": np.asarray(cfg.deadband_grid)}
+    grids = {
+        "gain": np.asarray(cfg.gain_grid),
+        "offset": np.asarray(cfg.offset_grid),
+        "deadband": np.asarray(cfg.deadband_grid),
+    }
     grids = {k: v for k, v in grids.items() if k in kinds}
     if not actuator:
         return SearchMatrices(delays, latency, {}, {})
@@ -127,15 +147,17 @@ def outside_training_share(norm, episodes, c: int) -> float:
     return float(((x < rng_a[0][c]) | (x > rng_a[1][c])).mean()) if len(x) else 0.0
 
 
-def allowed_corrections(norm, episodes, c: int, kind: str, grid: np.ndarray, unit: float,
-                        competence_alpha: float) -> np.ndarray:
+def allowed_corrections(
+    norm, episodes, c: int, kind: str, grid: np.ndarray, unit: float, competence_alpha: float
+) -> np.ndarray:
     """(G,) bool: the candidate corrections of kind `kind` (grid values x `unit`) on channel c that
     the model can judge: they leave no more of the commands outside the training logs' range than
     the uncorrected commands already are, or competence_alpha, whichever is larger. The model
     knows reality only inside that range; beyond it a physics gap could masquerade as a
     correction it only extrapolates to."""
-    share = np.array([outside_training_share(norm, [actuator_correction(e, c, kind, v * unit) for e in episodes], c)
-                      for v in grid])
+    share = np.array(
+        [outside_training_share(norm, [actuator_correction(e, c, kind, v * unit) for e in episodes], c) for v in grid]
+    )
     ident = identity_index(kind, grid)
     return share <= max(share[ident], competence_alpha)
 
@@ -168,8 +190,15 @@ def only_allowed(mat: np.ndarray, allowed: np.ndarray | None, identity: int) -> 
     return np.where(allowed[:, None], mat, np.inf)
 
 
-def null_quantile(real: np.ndarray, identity: int, n: int, alpha: float, rng: np.random.Generator,
-                  reps: int, real_groups: np.ndarray | None = None) -> float:
+def null_quantile(
+    real: np.ndarray,
+    identity: int,
+    n: int,
+    alpha: float,
+    rng: np.random.Generator,
+    reps: int,
+    real_groups: np.ndarray | None = None,
+) -> float:
     """Threshold for the search statistic: the (1 - alpha) quantile of the same search on n
     resampled *real* blocks (the selection effect of searching is in it), drawn as whole real
     episodes when `real_groups` labels them (so the null has the dependence between blocks of one
@@ -184,7 +213,9 @@ def null_quantile(real: np.ndarray, identity: int, n: int, alpha: float, rng: np
     def draw():
         return rng.integers(0, m, size=n) if real_groups is None else cluster_resample(rng, real_groups, n)
 
-    vals = [min(paired_improvement(real, identity, draw())[0], 1e6) for _ in range(reps)]  # inf: one block, or identical J
+    vals = [
+        min(paired_improvement(real, identity, draw())[0], 1e6) for _ in range(reps)
+    ]  # inf: one block, or identical J
     floor = NormalDist().inv_cdf(1 - alpha)
     return float(max(np.quantile(vals, 1 - alpha), floor))
 
@@ -200,9 +231,18 @@ class SearchResult:
     curve: np.ndarray  # mean J per candidate
 
 
-def evaluate_search(checked: np.ndarray, real: np.ndarray, grid: np.ndarray, identity: int, alpha: float,
-                    rng: np.random.Generator, reps: int, boot_idx, real_groups: np.ndarray | None = None,
-                    allowed: np.ndarray | None = None) -> SearchResult:
+def evaluate_search(
+    checked: np.ndarray,
+    real: np.ndarray,
+    grid: np.ndarray,
+    identity: int,
+    alpha: float,
+    rng: np.random.Generator,
+    reps: int,
+    boot_idx,
+    real_groups: np.ndarray | None = None,
+    allowed: np.ndarray | None = None,
+) -> SearchResult:
     """checked (G, n) / real (G, m): J per candidate and block; boot_idx: bootstrap index arrays
     over the checked blocks (whole episodes); real_groups (m,): the real blocks' episodes;
     allowed (G,): the candidates the model can judge (the others are left out of the search, on
@@ -219,11 +259,20 @@ def evaluate_search(checked: np.ndarray, real: np.ndarray, grid: np.ndarray, ide
         ests.append(grid[b_best])
     lo, hi = np.quantile(ests, [0.05, 0.95])
     curve = checked.mean(1)
-    return SearchResult(min(t, 1e6) / thr, float(curve[identity] - curve[best]), thr, best, (float(lo), float(hi)),
-                        np.asarray(boots), curve)
+    return SearchResult(
+        min(t, 1e6) / thr,
+        float(curve[identity] - curve[best]),
+        thr,
+        best,
+        (float(lo), float(hi)),
+        np.asarray(boots),
+        curve,
+    )
 
 
-def registered_delay(checked: np.ndarray, real: np.ndarray, delays: np.ndarray, boot_idx) -> tuple[int, tuple[float, float]]:
+def registered_delay(
+    checked: np.ndarray, real: np.ndarray, delays: np.ndarray, boot_idx
+) -> tuple[int, tuple[float, float]]:
     """The delay estimate by curve registration: the shift s for which the checked blocks' mean
     one-step NLL over candidate delays, J_c(d), best matches the real blocks' curve shifted by s,
     J_r(d - s) (least variance of their difference over the overlap, so a level offset does not
@@ -252,9 +301,19 @@ def registered_delay(checked: np.ndarray, real: np.ndarray, delays: np.ndarray, 
     return est, (float(lo), float(hi))
 
 
-def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mean: np.ndarray,
-                      real_mean: np.ndarray, checked_ac1: np.ndarray, real_ac1: np.ndarray, alpha: float,
-                      rng: np.random.Generator, reps: int, boot_idx, groups: tuple[np.ndarray, np.ndarray]) -> "ResidualStats":
+def residual_evidence(
+    checked_std: np.ndarray,
+    real_std: np.ndarray,
+    checked_mean: np.ndarray,
+    real_mean: np.ndarray,
+    checked_ac1: np.ndarray,
+    real_ac1: np.ndarray,
+    alpha: float,
+    rng: np.random.Generator,
+    reps: int,
+    boot_idx,
+    groups: tuple[np.ndarray, np.ndarray],
+) -> ResidualStats:
     """Sensor-noise and dynamics evidence per channel from the blocks' one-step residual statistics
     (n, D) vs real blocks' (m, D): level (std), bias (mean) and colour (lag-1 autocorrelation).
 
@@ -305,9 +364,17 @@ def residual_evidence(checked_std: np.ndarray, real_std: np.ndarray, checked_mea
         dyn_boots.append(b_d.max())
         ratio_boot.append(ratio(checked_std[idx], real_std[cluster_resample(rng, gy, m)]))
     ratio_boot = np.asarray(ratio_boot[1:] if len(ratio_boot) > 1 else ratio_boot)
-    return ResidualStats(ev, ratio(checked_std, real_std), np.quantile(ratio_boot, 0.05, axis=0),
-                         np.quantile(ratio_boot, 0.95, axis=0), checked_mean.mean(0) - real_mean.mean(0),
-                         coloured, dyn, np.asarray(boots), np.asarray(dyn_boots))
+    return ResidualStats(
+        ev,
+        ratio(checked_std, real_std),
+        np.quantile(ratio_boot, 0.05, axis=0),
+        np.quantile(ratio_boot, 0.95, axis=0),
+        checked_mean.mean(0) - real_mean.mean(0),
+        coloured,
+        dyn,
+        np.asarray(boots),
+        np.asarray(dyn_boots),
+    )
 
 
 @dataclass

@@ -11,6 +11,7 @@ block units and the same (episode-clustered) tests as the checks:
 Both return a p-value and a continuous score (higher = further from reality) so benchmarks can
 compute detection rates at alpha and AUROCs side by side with wmcheck's `summary.score`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,11 +49,15 @@ class OneStepEnsemble:
     def __init__(self, in_dim: int, out_dim: int, members: int = 5, hidden: int = 64, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
-        self.members = [nn.Sequential(nn.Linear(in_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
-                                      nn.Linear(hidden, out_dim)) for _ in range(members)]
+        self.members = [
+            nn.Sequential(
+                nn.Linear(in_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, out_dim)
+            )
+            for _ in range(members)
+        ]
         self.gen = g
 
-    def fit(self, transitions, steps: int = 300, batch: int = 256, lr: float = 3e-3) -> "OneStepEnsemble":
+    def fit(self, transitions, steps: int = 300, batch: int = 256, lr: float = 3e-3) -> OneStepEnsemble:
         x = torch.from_numpy(np.concatenate([t[0] for t in transitions]))
         y = torch.from_numpy(np.concatenate([t[1] for t in transitions]))
         for net in self.members:
@@ -77,8 +82,16 @@ class MLPBaseline:
     """The one-step MLP ensemble baseline fitted once on training episodes, then used on many checks:
     `MLPBaseline(train, real_heldout, norm).test(checked)` (a benchmark runs dozens of checks)."""
 
-    def __init__(self, train: list[Episode], real_heldout: list[Episode], norm: Normalizer, block: int = 64,
-                 members: int = 5, steps: int = 300, seed: int = 0):
+    def __init__(
+        self,
+        train: list[Episode],
+        real_heldout: list[Episode],
+        norm: Normalizer,
+        block: int = 64,
+        members: int = 5,
+        steps: int = 300,
+        seed: int = 0,
+    ):
         self.norm, self.block = norm, block
         self.ensemble = OneStepEnsemble(norm.dims[0] + norm.dims[1] + norm.dims[2], norm.dims[0], members, seed=seed)
         self.ensemble.fit(_transitions(train, norm), steps=steps)
@@ -99,13 +112,27 @@ class MLPBaseline:
         return BaselineResult(clustered_mann_whitney(c, g, self.real, self.real_episode), rank_auc(c, self.real))
 
 
-def mlp_baseline(train: list[Episode], real_heldout: list[Episode], checked: list[Episode], norm: Normalizer,
-                 block: int = 64, members: int = 5, steps: int = 300, seed: int = 0) -> BaselineResult:
+def mlp_baseline(
+    train: list[Episode],
+    real_heldout: list[Episode],
+    checked: list[Episode],
+    norm: Normalizer,
+    block: int = 64,
+    members: int = 5,
+    steps: int = 300,
+    seed: int = 0,
+) -> BaselineResult:
     return MLPBaseline(train, real_heldout, norm, block, members, steps, seed).test(checked)
 
 
-def mmd_baseline(real_heldout: list[Episode], checked: list[Episode], norm: Normalizer, block: int = 64,
-                 per_block: int = 8, seed: int = 0) -> BaselineResult:
+def mmd_baseline(
+    real_heldout: list[Episode],
+    checked: list[Episode],
+    norm: Normalizer,
+    block: int = 64,
+    per_block: int = 8,
+    seed: int = 0,
+) -> BaselineResult:
     rng = np.random.default_rng(seed)
 
     def states(eps):

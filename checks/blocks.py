@@ -5,15 +5,16 @@ training view's alignment (normalised, `is_first` at column 0 so each block star
 model's initial state, exactly as in training and in calibration), with the episode and start
 step of each. Calibration and checks cut blocks the same way, so their scores are comparable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.windows import BATCH_FIELDS, Batch, episode_steps
-
 
 
 @dataclass
@@ -31,11 +32,13 @@ class Blocks:
     def length(self) -> int:
         return int(self.batch.obs.shape[1])
 
-    def subset(self, idx) -> "Blocks":
+    def subset(self, idx) -> Blocks:
         idx = np.asarray(idx)
-        return Blocks(self.batch.map(lambda x: x[idx]), self.episode[idx], self.start[idx], self.context, dict(self.skipped))
+        return Blocks(
+            self.batch.map(lambda x: x[idx]), self.episode[idx], self.start[idx], self.context, dict(self.skipped)
+        )
 
-    def with_controls(self, prev_action: np.ndarray | None = None, prev_input: np.ndarray | None = None) -> "Blocks":
+    def with_controls(self, prev_action: np.ndarray | None = None, prev_input: np.ndarray | None = None) -> Blocks:
         """The same blocks with replaced (normalised) controls (n, L, A) / (n, L, E)."""
         b = self.batch.map(lambda x: x)
         if prev_action is not None:
@@ -44,7 +47,7 @@ class Blocks:
             b.prev_input = prev_input.astype(np.float32)
         return Blocks(b, self.episode, self.start, self.context, dict(self.skipped))
 
-    def windows(self, horizon: int) -> tuple["Blocks", np.ndarray]:
+    def windows(self, horizon: int) -> tuple[Blocks, np.ndarray]:
         """Short windows inside every block: `context` observed + `horizon` imagined steps, starting
         every `horizon` steps (so their imagined parts tile the block), each aligned like a block
         (`is_first` at column 0, from the model's initial state). Returns (windows, parent) with
@@ -55,24 +58,27 @@ class Blocks:
             raise ValueError(f"blocks of {self.length} steps are shorter than a window of {W}")
         parts, parent, starts = [], [], []
         for o in offsets:
-            part = self.batch.map(lambda x: x[:, o : o + W].copy())
+            part = self.batch.map(lambda x, o=o: x[:, o : o + W].copy())
             if o > 0:  # a window inside a block starts from the initial state, as every block does
                 part.start_from_initial_state()
             parts.append(part)
             parent.append(np.arange(len(self)))
             starts.append(self.start + o)
         parent = np.concatenate(parent)
-        return Blocks(Batch.concat(parts), self.episode[parent], np.concatenate(starts), self.context, dict(self.skipped)), parent
+        return Blocks(
+            Batch.concat(parts), self.episode[parent], np.concatenate(starts), self.context, dict(self.skipped)
+        ), parent
 
     def torch_chunks(self, chunk: int, device="cpu"):
         """Yield (slice, tensor Batch) chunks of at most `chunk` blocks."""
         for s in range(0, len(self), chunk):
             sl = slice(s, min(s + chunk, len(self)))
-            yield sl, self.batch.map(lambda x: x[sl]).to_torch(device)
+            yield sl, self.batch.map(lambda x, sl=sl: x[sl]).to_torch(device)
 
 
-def make_blocks(episodes: list[Episode], normalizer: Normalizer, context: int, horizon: int,
-                stride: int | None = None) -> Blocks:
+def make_blocks(
+    episodes: list[Episode], normalizer: Normalizer, context: int, horizon: int, stride: int | None = None
+) -> Blocks:
     """Cut each episode's step view (N+1 steps) into windows of L = context + horizon steps.
 
     Windows start every `stride` steps (default L: non-overlapping) and never cross episodes.

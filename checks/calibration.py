@@ -16,6 +16,7 @@ half A by the check's own decision (decision.decide on the per-episode and poole
 the residual tests and the injected gap's own search; see `power_table`); the smallest size
 detected with probability >= power_target is what a pass is worth.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,14 +30,14 @@ import torch
 from wmcheck.checks.attribution import SearchMatrices, allowed_corrections, identity_index, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import SCORES, CheckConfig, split_alpha
-from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.evidence import CheckEvidence, GapEvidence
+from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
+from wmcheck.datasets.atomic import atomic_path, write_text_atomic
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import split_episodes
-from wmcheck.datasets.atomic import atomic_path, write_text_atomic
-from wmcheck.datasets.errors import UserError
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 
 CALIBRATION_VERSION = 4  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
@@ -71,9 +72,11 @@ class PowerEntry:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays, prefix: str) -> "PowerEntry":
-        return cls({s: arrays[f"{prefix}score_{s}"] for s in POWER_SCORES},
-                   **{k: arrays.get(f"{prefix}{k}") for k in cls.OPTIONAL})
+    def from_arrays(cls, arrays, prefix: str) -> PowerEntry:
+        return cls(
+            {s: arrays[f"{prefix}score_{s}"] for s in POWER_SCORES},
+            **{k: arrays.get(f"{prefix}{k}") for k in cls.OPTIONAL},
+        )
 
 
 @dataclass
@@ -108,13 +111,23 @@ class PowerSet:
         return {gap: {"sizes": list(e.sizes), "units": e.units} for gap, e in self.gaps.items()}
 
     @classmethod
-    def from_arrays(cls, arrays, sizes: dict) -> "PowerSet":
+    def from_arrays(cls, arrays, sizes: dict) -> PowerSet:
         control = PowerEntry.from_arrays(arrays, "power/control/") if "power/control_episode" in arrays else None
-        gaps = {gap: InjectedSeries(tuple(e["sizes"]), e["units"],
-                                    [PowerEntry.from_arrays(arrays, f"power/{gap}/{i}/") for i in range(len(e["sizes"]))])
-                for gap, e in sizes.items()}
-        return cls({s: arrays[f"power/null/{s}"] for s in POWER_SCORES}, arrays["power/null_episode"], control,
-                   arrays.get("power/control_episode"), gaps)
+        gaps = {
+            gap: InjectedSeries(
+                tuple(e["sizes"]),
+                e["units"],
+                [PowerEntry.from_arrays(arrays, f"power/{gap}/{i}/") for i in range(len(e["sizes"]))],
+            )
+            for gap, e in sizes.items()
+        }
+        return cls(
+            {s: arrays[f"power/null/{s}"] for s in POWER_SCORES},
+            arrays["power/null_episode"],
+            control,
+            arrays.get("power/control_episode"),
+            gaps,
+        )
 
 
 @dataclass
@@ -131,34 +144,57 @@ class Calibration:
     real_episode: np.ndarray | None = None  # (n,) held-out episode id of every real block (the clusters)
 
     def save(self, run_dir: Path) -> None:
-        arrays = {**self.real.to_arrays("real_"), **self.real_search.to_arrays("realJ_"), **self.power.to_arrays(),
-                  "support_ref": self.support_ref.astype(np.float32), "real_states": self.real_states}
+        arrays = {
+            **self.real.to_arrays("real_"),
+            **self.real_search.to_arrays("realJ_"),
+            **self.power.to_arrays(),
+            "support_ref": self.support_ref.astype(np.float32),
+            "real_states": self.real_states,
+        }
         if self.real_controls is not None:
             arrays["real_controls"] = self.real_controls
         if self.real_episode is not None:
             arrays["real_episode"] = self.real_episode
         with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
-        meta = {"calibration_version": CALIBRATION_VERSION, "config": self.config.to_dict(), "info": self.info,
-                "support_scale": self.support_scale, "power": self.power.sizes()}
+        meta = {
+            "calibration_version": CALIBRATION_VERSION,
+            "config": self.config.to_dict(),
+            "info": self.info,
+            "support_scale": self.support_scale,
+            "power": self.power.sizes(),
+        }
         write_text_atomic(run_dir / "calibration.json", json.dumps(meta, indent=2, sort_keys=True))
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "Calibration":
+    def load(cls, run_dir: str | Path) -> Calibration:
         run_dir = Path(run_dir)
         jpath, npath = run_dir / "calibration.json", run_dir / "calibration.npz"
         if not jpath.exists() or not npath.exists():
-            raise UserError(f"{run_dir} has no calibration", f"run `wmcheck calibrate {run_dir}` (train does it at the end)")
+            raise UserError(
+                f"{run_dir} has no calibration", f"run `wmcheck calibrate {run_dir}` (train does it at the end)"
+            )
         meta = json.loads(jpath.read_text())
         if meta.get("calibration_version") != CALIBRATION_VERSION:
-            raise UserError(f"{jpath} has calibration version {meta.get('calibration_version')}, this wmcheck reads "
-                            f"{CALIBRATION_VERSION}", f"re-run `wmcheck calibrate {run_dir}`")
+            raise UserError(
+                f"{jpath} has calibration version {meta.get('calibration_version')}, this wmcheck reads "
+                f"{CALIBRATION_VERSION}",
+                f"re-run `wmcheck calibrate {run_dir}`",
+            )
         with np.load(npath, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-        return cls(CheckConfig.from_dict(meta["config"]), meta["info"], BlockScores.from_arrays(arrays, "real_"),
-                   SearchMatrices.from_arrays(arrays, "realJ_"), arrays["real_states"], arrays["support_ref"],
-                   float(meta["support_scale"]), PowerSet.from_arrays(arrays, meta["power"]),
-                   arrays.get("real_controls"), arrays.get("real_episode"))
+        return cls(
+            CheckConfig.from_dict(meta["config"]),
+            meta["info"],
+            BlockScores.from_arrays(arrays, "real_"),
+            SearchMatrices.from_arrays(arrays, "realJ_"),
+            arrays["real_states"],
+            arrays["support_ref"],
+            float(meta["support_scale"]),
+            PowerSet.from_arrays(arrays, meta["power"]),
+            arrays.get("real_controls"),
+            arrays.get("real_episode"),
+        )
 
 
 def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, reps: int = 100, seed: int = 0) -> dict:
@@ -204,9 +240,15 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
     for gap, series in ps.gaps.items():
         probs = [rate(entry) for entry in series.entries]
         smallest = next((s for s, p in zip(series.sizes, probs) if p >= target), None) if reliable else None
-        table[gap] = {"sizes": list(series.sizes), "units": series.units, "detection_probability": probs,
-                      "smallest_detected": smallest, "blocks_used": n, "control_detection": control_rate,
-                      "reliable": bool(reliable)}
+        table[gap] = {
+            "sizes": list(series.sizes),
+            "units": series.units,
+            "detection_probability": probs,
+            "smallest_detected": smallest,
+            "blocks_used": n,
+            "control_detection": control_rate,
+            "reliable": bool(reliable),
+        }
     return table
 
 
@@ -224,13 +266,17 @@ class _PowerJudge:
         self.thr_latency, self.thr_gain = None, None
         if self.has_search:  # thresholds at this draw size, from the same searches on half A
             self.lat_id = identity_index("delay", search.delays)
-            self.thr_latency = null_quantile(search.latency[:, self.in_a], self.lat_id, n, a_gap, rng, 200, ps.null_episode)
+            self.thr_latency = null_quantile(
+                search.latency[:, self.in_a], self.lat_id, n, a_gap, rng, 200, ps.null_episode
+            )
             gains = search.act_values.get("gain")
             if gains is not None and len(search.actuator["gain"]):
                 self.gain_id = identity_index("gain", gains)
                 level = a_gap / max(1, search.n_actuator_searches)  # the check's Bonferroni over all its searches
-                self.thr_gain = [null_quantile(m[:, self.in_a], self.gain_id, n, level, rng, 200, ps.null_episode)
-                                 for m in search.actuator["gain"]]
+                self.thr_gain = [
+                    null_quantile(m[:, self.in_a], self.gain_id, n, level, rng, 200, ps.null_episode)
+                    for m in search.actuator["gain"]
+                ]
 
     def control_with_searches(self) -> PowerEntry:
         """Half B uninjected, with every search the check runs (latency and gains)."""
@@ -261,11 +307,23 @@ class _PowerJudge:
 
         null, ps = self.cal.power.null, self.cal.power
         s = entry.scores
-        st = residual_evidence(s["resid_std"][idx], null["resid_std"], s["resid_mean"][idx], null["resid_mean"],
-                               s["resid_ac1"][idx], null["resid_ac1"], split_alpha(self.alpha)[1], self.rng, 0, [],
-                               (ps.control_episode[idx], ps.null_episode))
-        return {"sensor_noise": GapEvidence("sensor_noise", st.sensor_evidence),
-                "dynamics": GapEvidence("dynamics", st.dynamics_evidence)}
+        st = residual_evidence(
+            s["resid_std"][idx],
+            null["resid_std"],
+            s["resid_mean"][idx],
+            null["resid_mean"],
+            s["resid_ac1"][idx],
+            null["resid_ac1"],
+            split_alpha(self.alpha)[1],
+            self.rng,
+            0,
+            [],
+            (ps.control_episode[idx], ps.null_episode),
+        )
+        return {
+            "sensor_noise": GapEvidence("sensor_noise", st.sensor_evidence),
+            "dynamics": GapEvidence("dynamics", st.dynamics_evidence),
+        }
 
     def detected(self, entry: PowerEntry, idx: np.ndarray) -> bool:
         from wmcheck.checks.decision import Levels, decide
@@ -274,8 +332,11 @@ class _PowerJudge:
         ps = self.cal.power
         episodes = ps.control_episode[idx]
         div = divergence_evidence({s: entry.scores[s][idx] for s in SCORES}, ps.null, ps.null_episode, episodes)
-        gaps = {**self._search_gaps(entry, idx), **self._residual_gaps(entry, idx),
-                "visual": GapEvidence.not_checked("visual", "not simulated")}
+        gaps = {
+            **self._search_gaps(entry, idx),
+            **self._residual_gaps(entry, idx),
+            "visual": GapEvidence.not_checked("visual", "not simulated"),
+        }
         decision = decide(CheckEvidence(div, gaps), Levels.for_check(self.alpha, len(np.unique(episodes))))
         return decision.verdict != "pass"
 
@@ -310,12 +371,20 @@ def injected_power(model, norm: Normalizer, cfg: CheckConfig, held: list, blocks
     gains = np.asarray(cfg.gain_grid)
 
     def allowed(eps) -> np.ndarray:  # (C, G) the gains a check could try on these episodes
-        return np.stack([allowed_corrections(norm, eps, c, "gain", gains, 1.0, cfg.competence_alpha)
-                         for c in range(len(astd))]) if len(astd) else np.zeros((0, len(gains)), bool)
+        return (
+            np.stack(
+                [allowed_corrections(norm, eps, c, "gain", gains, 1.0, cfg.competence_alpha) for c in range(len(astd))]
+            )
+            if len(astd)
+            else np.zeros((0, len(gains)), bool)
+        )
 
-    ps = PowerSet({s: getattr(null, s) for s in POWER_SCORES}, blocks.episode[in_a],
-                  PowerEntry({s: getattr(control, s) for s in POWER_SCORES}, allowed_gain=allowed(half_b)),
-                  blocks.episode[~in_a])
+    ps = PowerSet(
+        {s: getattr(null, s) for s in POWER_SCORES},
+        blocks.episode[in_a],
+        PowerEntry({s: getattr(control, s) for s in POWER_SCORES}, allowed_gain=allowed(half_b)),
+        blocks.episode[~in_a],
+    )
     for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
         entries = []
         for size in sizes:
@@ -327,15 +396,18 @@ def injected_power(model, norm: Normalizer, cfg: CheckConfig, held: list, blocks
             if gap == "latency":
                 entry.search_latency = search_matrices(model, inj, norm, cfg, astd, actuator=False).latency
             elif gap == "actuator" and len(astd):
-                entry.search_gain = search_matrices(model, inj, norm, cfg, astd, latency=False, kinds=("gain",)).actuator["gain"]
+                entry.search_gain = search_matrices(
+                    model, inj, norm, cfg, astd, latency=False, kinds=("gain",)
+                ).actuator["gain"]
                 entry.allowed_gain = allowed(inj)
             entries.append(entry)
         ps.gaps[gap] = InjectedSeries(tuple(sizes), POWER_UNITS[gap], entries)
     return ps
 
 
-def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: CheckConfig | None = None,
-              verbose: bool = True) -> Calibration:
+def calibrate(
+    run_dir: str | Path, log_path: str | Path | None = None, cfg: CheckConfig | None = None, verbose: bool = True
+) -> Calibration:
     run_dir = Path(run_dir)
     cfg = cfg or CheckConfig()
     bundle: ModelBundle = load_model(run_dir)
@@ -344,8 +416,10 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
         raise UserError(f"training log {log_path} not found", f"pass it: `wmcheck calibrate {run_dir} LOG.h5`")
     data_hash = file_sha256(log_path)
     if data_hash != bundle.data_hash:
-        raise UserError(f"{log_path} is not the log this model was trained on (data hash differs)",
-                        "pass the training log; calibrating on other data would make the thresholds meaningless")
+        raise UserError(
+            f"{log_path} is not the log this model was trained on (data hash differs)",
+            "pass the training log; calibrating on other data would make the thresholds meaningless",
+        )
     t0 = time.perf_counter()
     say = print if verbose else (lambda *a, **k: None)
     norm = Normalizer.from_dict(bundle.normalizer)
@@ -354,13 +428,17 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     with open_log(log_path) as log:
         train_ids, val_ids = split_episodes(log.episode_ids, train_cfg["val_fraction"], train_cfg["seed"])
         if not val_ids:
-            raise UserError("the model has no held-out episodes to calibrate on", "train with --val-fraction > 0 (e.g. 0.2)")
+            raise UserError(
+                "the model has no held-out episodes to calibrate on", "train with --val-fraction > 0 (e.g. 0.2)"
+            )
         held = list(log.episodes(val_ids))
         train_eps = list(log.episodes(train_ids))
     try:
         blocks = make_blocks(held, norm, cfg.context, cfg.horizon)
     except ValueError as exc:
-        raise UserError(f"held-out episodes too short: {exc}", "use a shorter --horizon/--context or longer episodes") from None
+        raise UserError(
+            f"held-out episodes too short: {exc}", "use a shorter --horizon/--context or longer episodes"
+        ) from None
     say(f"calibrating on {len(held)} held-out episodes ({len(blocks)} blocks of {blocks.length} steps)")
     # Support reference: latents of training blocks; scale: typical distance of held-out real latents.
     rng = np.random.default_rng(cfg.seed)
@@ -378,16 +456,27 @@ def calibrate(run_dir: str | Path, log_path: str | Path | None = None, cfg: Chec
     say("  power: injecting gaps of graded size into held-out episodes")
     power = injected_power(model, norm, cfg, held, blocks, real)
     reward_err, reward_std = reward_resolution(model, blocks)
-    info = {"log": str(log_path), "log_sha256": data_hash, "model_sha256": bundle.file_hash,
-            "reward_abs_error_per_step": reward_err, "reward_std_real": reward_std,
-            "held_out_episodes": val_ids, "blocks": len(blocks), "block_length": blocks.length,
-            "training_latents": int(len(feats)), "seconds": round(time.perf_counter() - t0, 1),
-            "dt": bundle.channels.get("dt")}
+    info = {
+        "log": str(log_path),
+        "log_sha256": data_hash,
+        "model_sha256": bundle.file_hash,
+        "reward_abs_error_per_step": reward_err,
+        "reward_std_real": reward_std,
+        "held_out_episodes": val_ids,
+        "blocks": len(blocks),
+        "block_length": blocks.length,
+        "training_latents": int(len(feats)),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "dt": bundle.channels.get("dt"),
+    }
     if len(blocks) < 20:
-        info["warning"] = (f"only {len(blocks)} held-out blocks: thresholds and power are coarse; "
-                           "hold out more real episodes for sharper checks")
-    cal = Calibration(cfg, info, real, real_search, block_states(blocks), ref, scale, power, block_controls(blocks),
-                      blocks.episode)
+        info["warning"] = (
+            f"only {len(blocks)} held-out blocks: thresholds and power are coarse; "
+            "hold out more real episodes for sharper checks"
+        )
+    cal = Calibration(
+        cfg, info, real, real_search, block_states(blocks), ref, scale, power, block_controls(blocks), blocks.episode
+    )
     cal.save(run_dir)
     if model.cfg.image_keys:  # the visual gap's real-vs-real null (checks/visual.py)
         from wmcheck.checks.visual import calibrate_visual
@@ -416,5 +505,7 @@ def reward_resolution(model, blocks, chunk: int = 64) -> tuple[float, float]:
 def _training_log(run_dir: Path) -> Path:
     data = run_dir / "data.json"
     if not data.exists():
-        raise UserError(f"{run_dir} does not say which log it was trained on", f"pass it: `wmcheck calibrate {run_dir} LOG.h5`")
+        raise UserError(
+            f"{run_dir} does not say which log it was trained on", f"pass it: `wmcheck calibrate {run_dir} LOG.h5`"
+        )
     return Path(json.loads(data.read_text())["log"])

@@ -12,6 +12,7 @@ Owns the order of a check, in three stages (each in its own module):
 The false-alarm budget alpha is split by config.split_alpha and decision.Levels: half for the
 divergence tests, half for the four gap tests; a model with cameras adds the visual test at alpha.
 """
+
 from __future__ import annotations
 
 import sys
@@ -67,20 +68,28 @@ class CheckInputs:
 
 def _read_checked(path: Path, channels: dict):
     if not Path(path).exists():
-        raise UserError(f"rollout log {path} does not exist", "record one with `wmcheck record` or import it with `wmcheck import`")
+        raise UserError(
+            f"rollout log {path} does not exist", "record one with `wmcheck record` or import it with `wmcheck import`"
+        )
     with open_log(path) as log:
         meta = log.meta
         eps = list(log)
     problems = []
-    for kind, mine in (("observation", meta.observation_names), ("action", meta.action_names), ("input", meta.input_names)):
+    for kind, mine in (
+        ("observation", meta.observation_names),
+        ("action", meta.action_names),
+        ("input", meta.input_names),
+    ):
         theirs = channels.get(f"{kind}_names", [])
         if len(mine) != len(theirs):
             problems.append(f"{len(mine)} {kind} channels {mine} but the model has {len(theirs)} {theirs}")
         elif mine != theirs and not all(n.startswith(("obs_", "act_", "action_", "input_")) for n in mine):
             problems.append(f"{kind} channels {mine} differ from the model's {theirs}")
     if problems:
-        raise UserError(f"{path} does not fit the model: " + "; ".join(problems),
-                        "record/import the rollouts with the same channels, in the same order, as the real training log")
+        raise UserError(
+            f"{path} does not fit the model: " + "; ".join(problems),
+            "record/import the rollouts with the same channels, in the same order, as the real training log",
+        )
     return meta, eps
 
 
@@ -88,7 +97,9 @@ def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
     bundle = load_model(run_dir)
     cal = Calibration.load(run_dir)
     if cal.info.get("model_sha256") not in (None, bundle.file_hash):
-        raise UserError(f"{run_dir}/calibration.json belongs to another model.pt", f"re-run `wmcheck calibrate {run_dir}`")
+        raise UserError(
+            f"{run_dir}/calibration.json belongs to another model.pt", f"re-run `wmcheck calibrate {run_dir}`"
+        )
     norm = Normalizer.from_dict(bundle.normalizer)
     meta, episodes = _read_checked(rollouts, bundle.channels)
     require_frames(bundle.model, episodes, rollouts)
@@ -96,12 +107,21 @@ def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
     try:
         blocks = make_blocks(episodes, norm, cfg.context, cfg.horizon)
     except ValueError as exc:
-        raise UserError(f"{rollouts}: {exc}", f"check episodes of at least {cfg.context + cfg.horizon + 1} steps") from None
+        raise UserError(
+            f"{rollouts}: {exc}", f"check episodes of at least {cfg.context + cfg.horizon + 1} steps"
+        ) from None
     return CheckInputs(bundle, cal, norm, meta, episodes, [e for e in episodes if e.id not in blocks.skipped], blocks)
 
 
-def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = None, command: str | None = None,
-              seed: int = 0, policy: PolicyRun | None = None, clip_model: str | Path | None = None) -> dict:
+def run_check(
+    run_dir: str | Path,
+    rollouts: str | Path,
+    gate: Gate | None = None,
+    command: str | None = None,
+    seed: int = 0,
+    policy: PolicyRun | None = None,
+    clip_model: str | Path | None = None,
+) -> dict:
     """Check the rollouts in `rollouts` against the model in `run_dir`; with `policy` (the policy and
     env that recorded them), also the closed-loop policy check; with `clip_model` (local CLIP
     weights), also CLIP image-embedding distances for camera logs."""
@@ -116,16 +136,44 @@ def run_check(run_dir: str | Path, rollouts: str | Path, gate: Gate | None = Non
     comp = _competence(sc, cal, gate)
     comp_idx = np.flatnonzero(comp.competent)
     div = _divergence(inp, sc, comp.competent, alpha)
-    gt = run_gap_tests(GapContext(model, inp.norm, cal, inp.checked, inp.blocks, sc, comp_idx, levels.gap,
-                                  gate.tolerances, rng, seed, inp.meta.dt))
+    gt = run_gap_tests(
+        GapContext(
+            model,
+            inp.norm,
+            cal,
+            inp.checked,
+            inp.blocks,
+            sc,
+            comp_idx,
+            levels.gap,
+            gate.tolerances,
+            rng,
+            seed,
+            inp.meta.dt,
+        )
+    )
     corrected = div if gt.corrected_scores is sc else _divergence(inp, gt.corrected_scores, comp.competent, alpha, sc)
     visual_row = _visual(model, run_dir, inp.checked, alpha, clip_model, gate.tolerances.visual)
     gaps = {**gt.gaps, "visual": _visual_evidence(visual_row)}
     dist = _distribution(inp, comp, gate, alpha, rng)
     pol = None
     if policy is not None:
-        pol = policy_section(model, inp.norm, inp.episodes, policy, _episode_blocks(inp, sc, comp, alpha), gate.policy, alpha,
-                             _onset_threshold(cal, alpha), cfg.context, inp.dt, inp.norm.names["obs"], cal.info, rng, seed)
+        pol = policy_section(
+            model,
+            inp.norm,
+            inp.episodes,
+            policy,
+            _episode_blocks(inp, sc, comp, alpha),
+            gate.policy,
+            alpha,
+            _onset_threshold(cal, alpha),
+            cfg.context,
+            inp.dt,
+            inp.norm.names["obs"],
+            cal.info,
+            rng,
+            seed,
+        )
     ev = CheckEvidence(div, gaps, dist, corrected, None if pol is None else bool(pol["gate"]["passed"]))
     dec = decide(ev, levels, gate.allow_unverifiable)
     power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=seed)
@@ -149,7 +197,9 @@ def _competence(sc: BlockScores, cal: Calibration, gate: Gate) -> Competence:
     cfg, real = cal.config, cal.real
     a_sup = float(gate.score_alpha.get("support", cfg.competence_alpha))
     a_dis = float(gate.score_alpha.get("disagreement", cfg.competence_alpha))
-    competent, bound = competent_blocks(sc.support_steps, sc.disagreement, real.support_steps, real.disagreement, a_sup, a_dis)
+    competent, bound = competent_blocks(
+        sc.support_steps, sc.disagreement, real.support_steps, real.disagreement, a_sup, a_dis
+    )
     q = float(np.quantile(real.support_steps, 0.99))
     return Competence(competent, bound, a_sup, float((sc.support_steps <= q).mean()), q)
 
@@ -170,7 +220,9 @@ def _divergence(inp: CheckInputs, sc: BlockScores, competent: np.ndarray, alpha:
     """The divergence tests with the report's details per episode (name, steps, onset, score)."""
     cal, blocks = inp.cal, inp.blocks
     twin = _real_twins(blocks, cal, len(inp.bundle.channels.get("action_names", [])))
-    div = divergence_evidence(score_arrays(sc), score_arrays(cal.real), cal.real_episode, blocks.episode, competent, twin)
+    div = divergence_evidence(
+        score_arrays(sc), score_arrays(cal.real), cal.real_episode, blocks.episode, competent, twin
+    )
     onset_sc = onset_scores or sc
     flagged = _flagged_blocks(onset_sc, cal, competent, alpha)
     div_q = _onset_threshold(cal, alpha)
@@ -198,10 +250,21 @@ def _visual_evidence(row: dict) -> GapEvidence:
 
 
 def _distribution(inp: CheckInputs, comp: Competence, gate: Gate, alpha: float, rng) -> DistributionEvidence:
-    mmd, p = block_mmd_test(list(block_states(inp.blocks)), list(inp.cal.real_states), rng,
-                            x_groups=inp.blocks.episode, y_groups=inp.cal.real_episode)
-    return DistributionEvidence(float(p), float(mmd), comp.coverage, float(1 - comp.competent.mean()),
-                                gate.tolerances.distribution.min_coverage, alpha)
+    mmd, p = block_mmd_test(
+        list(block_states(inp.blocks)),
+        list(inp.cal.real_states),
+        rng,
+        x_groups=inp.blocks.episode,
+        y_groups=inp.cal.real_episode,
+    )
+    return DistributionEvidence(
+        float(p),
+        float(mmd),
+        comp.coverage,
+        float(1 - comp.competent.mean()),
+        gate.tolerances.distribution.min_coverage,
+        alpha,
+    )
 
 
 def _episode_blocks(inp: CheckInputs, sc: BlockScores, comp: Competence, alpha: float) -> EpisodeBlocks:
@@ -210,11 +273,24 @@ def _episode_blocks(inp: CheckInputs, sc: BlockScores, comp: Competence, alpha: 
     return EpisodeBlocks(
         flagged={int(e.id): bool(flagged[ep == e.id].any()) for e in inp.checked},
         coverage={int(e.id): float((sc.support_steps[ep == e.id] <= comp.real_step_q).mean()) for e in inp.checked},
-        support_steps={int(e.id): int(sc.support_steps[ep == e.id].size) for e in inp.checked})
+        support_steps={int(e.id): int(sc.support_steps[ep == e.id].size) for e in inp.checked},
+    )
 
 
-def _report(inp: CheckInputs, sc, comp: Competence, ev: CheckEvidence, dec: Decision, levels: Levels, visual_row: dict,
-            power: dict, pol, gate: Gate, alpha: float, seed: int) -> dict:
+def _report(
+    inp: CheckInputs,
+    sc,
+    comp: Competence,
+    ev: CheckEvidence,
+    dec: Decision,
+    levels: Levels,
+    visual_row: dict,
+    power: dict,
+    pol,
+    gate: Gate,
+    alpha: float,
+    seed: int,
+) -> dict:
     cfg, real, blocks = inp.cfg, inp.cal.real, inp.blocks
     comp_idx = np.flatnonzero(comp.competent)
     rows = rb.gap_rows(ev, dec, visual_row)
@@ -227,15 +303,20 @@ def _report(inp: CheckInputs, sc, comp: Competence, ev: CheckEvidence, dec: Deci
         "summary": {
             "score": round(float(score), 4),
             "score_meaning": "largest over scores of P(a checked block scores worse than a held-out real block); 0.5 = like reality, 1 = every block worse",
-            "top_gap": dec.top_gap, "confounded": dec.confounded,
-            "episodes": len(dec.episodes), "consistent": dec.count("consistent"), "divergent": dec.count("divergent"),
+            "top_gap": dec.top_gap,
+            "confounded": dec.confounded,
+            "episodes": len(dec.episodes),
+            "consistent": dec.count("consistent"),
+            "divergent": dec.count("divergent"),
             "unverifiable": dec.count("unverifiable"),
             "skipped_short_episodes": {str(k): v for k, v in blocks.skipped.items()},
-            "blocks": int(len(blocks)), "competent_blocks": int(len(comp_idx)),
+            "blocks": int(len(blocks)),
+            "competent_blocks": int(len(comp_idx)),
             "pooled_p_values": {k: rb.r4(v) for k, v in ev.divergence.pooled.p_values.items()},
             "pooled_test": rb.pooled_description(ev),
             "failing": list(dec.failing),
-            "alpha": alpha, "tolerated_by_gate": dec.tolerated_by_gate,
+            "alpha": alpha,
+            "tolerated_by_gate": dec.tolerated_by_gate,
             "message": rb.message(dec, ev, rows, power, levels, pol),
         },
         "episodes": [rb.episode_entry(e, dec.episodes[e.id], inp.meta.dt) for e in ev.divergence.episodes],
@@ -243,27 +324,44 @@ def _report(inp: CheckInputs, sc, comp: Competence, ev: CheckEvidence, dec: Deci
         "divergence_curve": {
             "horizon_steps": list(range(1, cfg.horizon + 1)),
             "checked_mean": rb.rlist(sc.div_curve[sel].mean(0)),
-            "real_mean": rb.rlist(real.div_curve.mean(0)), "real_q": rb.rlist(_onset_threshold(inp.cal, alpha)),
+            "real_mean": rb.rlist(real.div_curve.mean(0)),
+            "real_q": rb.rlist(_onset_threshold(inp.cal, alpha)),
             "real_q_level": 1 - alpha,
         },
         "channels": _channels(sc, real, inp.bundle.channels, comp_idx),
         "regimes": _regimes(sc, blocks, comp.competent, inp.cal, inp.norm, inp.bundle.channels, inp.meta, alpha, seed),
         "power": {"n_blocks": int(max(len(comp_idx), 1)), "target": cfg.power_target, "alpha": alpha, "gaps": power},
-        "thresholds": {"source": gate.source if gate.source != "defaults" else "calibration",
-                       "alpha": alpha, "competence_alpha": comp.support_alpha, "support_bound": comp.support_bound,
-                       "episode_alpha": levels.episode, "pooled_alpha": levels.pooled, "gap_alpha": levels.gap,
-                       "calibration_blocks": int(len(real.divergence)), "calibration_warning": inp.cal.info.get("warning")},
+        "thresholds": {
+            "source": gate.source if gate.source != "defaults" else "calibration",
+            "alpha": alpha,
+            "competence_alpha": comp.support_alpha,
+            "support_bound": comp.support_bound,
+            "episode_alpha": levels.episode,
+            "pooled_alpha": levels.pooled,
+            "gap_alpha": levels.gap,
+            "calibration_blocks": int(len(real.divergence)),
+            "calibration_warning": inp.cal.info.get("warning"),
+        },
         "policy": None if pol is None else {k: v for k, v in pol.items() if not k.startswith("_")},
-        "figures": {"worst_blocks": _plot_data(sc, blocks, comp_idx, inp.norm, inp.bundle.channels, cfg),
-                    "policy_returns": None if pol is None else pol["_plots"]},
+        "figures": {
+            "worst_blocks": _plot_data(sc, blocks, comp_idx, inp.norm, inp.bundle.channels, cfg),
+            "policy_returns": None if pol is None else pol["_plots"],
+        },
     }
 
 
 def _provenance(inp: CheckInputs, rollouts: Path, command: str | None, t0: float) -> dict:
-    return {"wmcheck_version": version(), "command": command or " ".join(sys.argv),
-            "model_sha256": inp.bundle.file_hash, "training_data_sha256": inp.bundle.data_hash,
-            "rollouts": str(rollouts), "rollouts_sha256": file_sha256(rollouts), "rollouts_source": inp.meta.source,
-            "dt": inp.dt, "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "wmcheck_version": version(),
+        "command": command or " ".join(sys.argv),
+        "model_sha256": inp.bundle.file_hash,
+        "training_data_sha256": inp.bundle.data_hash,
+        "rollouts": str(rollouts),
+        "rollouts_sha256": file_sha256(rollouts),
+        "rollouts_source": inp.meta.source,
+        "dt": inp.dt,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def _visual(model, run_dir, episodes, alpha, clip_model, tolerance) -> dict:
@@ -284,8 +382,10 @@ def _embedding(model, blocks, cal, rng, per_side: int = 500) -> dict:
     checked = latent_features(model, blocks).reshape(-1, model.cfg.deter)
     checked = checked[rng.choice(len(checked), size=min(per_side, len(checked)), replace=False)]
     real = cal.support_ref[rng.choice(len(cal.support_ref), size=min(per_side, len(cal.support_ref)), replace=False)]
-    return {"features": np.concatenate([real, checked]).astype(np.float32),
-            "labels": ["real (training)"] * len(real) + ["checked"] * len(checked)}
+    return {
+        "features": np.concatenate([real, checked]).astype(np.float32),
+        "labels": ["real (training)"] * len(real) + ["checked"] * len(checked),
+    }
 
 
 def _real_twins(blocks, cal, n_actions: int, tol: float = 1e-4) -> np.ndarray:
@@ -311,10 +411,17 @@ def _channels(sc, real, channels, comp_idx) -> list[dict]:
     idx = comp_idx if len(comp_idx) else slice(None)
     names = channels.get("observation_names", [])
     units = channels.get("units", {})
-    return [{"name": n, "unit": units.get(n), "nll_checked": round(float(sc.nll_channel[idx, d].mean()), 4),
-             "nll_real": round(float(real.nll_channel[:, d].mean()), 4),
-             "divergence_checked": round(float(sc.div_channel[idx, d].mean()), 4),
-             "divergence_real": round(float(real.div_channel[:, d].mean()), 4)} for d, n in enumerate(names)]
+    return [
+        {
+            "name": n,
+            "unit": units.get(n),
+            "nll_checked": round(float(sc.nll_channel[idx, d].mean()), 4),
+            "nll_real": round(float(real.nll_channel[:, d].mean()), 4),
+            "divergence_checked": round(float(sc.div_channel[idx, d].mean()), 4),
+            "divergence_real": round(float(real.div_channel[:, d].mean()), 4),
+        }
+        for d, n in enumerate(names)
+    ]
 
 
 def _regimes(sc, blocks, competent, cal, norm, channels, meta, alpha, seed) -> dict | None:
@@ -334,11 +441,26 @@ def _regimes(sc, blocks, competent, cal, norm, channels, meta, alpha, seed) -> d
     train_range = None
     if norm.range["action"] is not None and (norm.dim("input") == 0 or norm.range["input"] is not None):
         parts = [norm.range["action"]] + ([norm.range["input"]] if norm.dim("input") else [])
-        train_range = np.stack([np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])], 1)  # (K, 2)
-    return find_regimes(sc.z_steps, sc.err_steps * std, physical(block_controls(blocks)), competent,
-                        real.z_steps, real.err_steps * std, physical(cal.real_controls), names,
-                        list(channels.get("observation_names", [])), units, alpha, seed=seed, training_range=train_range,
-                        checked_episode=blocks.episode, real_episode=cal.real_episode)
+        train_range = np.stack(
+            [np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])], 1
+        )  # (K, 2)
+    return find_regimes(
+        sc.z_steps,
+        sc.err_steps * std,
+        physical(block_controls(blocks)),
+        competent,
+        real.z_steps,
+        real.err_steps * std,
+        physical(cal.real_controls),
+        names,
+        list(channels.get("observation_names", [])),
+        units,
+        alpha,
+        seed=seed,
+        training_range=train_range,
+        checked_episode=blocks.episode,
+        real_episode=cal.real_episode,
+    )
 
 
 def _plot_data(sc, blocks, comp_idx, norm, channels, cfg) -> dict:
@@ -348,9 +470,17 @@ def _plot_data(sc, blocks, comp_idx, norm, channels, cfg) -> dict:
     mean, std = norm.mean["obs"], norm.std["obs"]
     out = []
     for b in worst:
-        out.append({"episode": int(blocks.episode[b]), "start": int(blocks.start[b]), "context": cfg.context,
-                    "truth": _rows(blocks.batch.obs[b] * std + mean), "pred": _rows(sc.pred_mean[b] * std + mean),
-                    "lo": _rows(sc.pred_lo[b] * std + mean), "hi": _rows(sc.pred_hi[b] * std + mean)})
+        out.append(
+            {
+                "episode": int(blocks.episode[b]),
+                "start": int(blocks.start[b]),
+                "context": cfg.context,
+                "truth": _rows(blocks.batch.obs[b] * std + mean),
+                "pred": _rows(sc.pred_mean[b] * std + mean),
+                "lo": _rows(sc.pred_lo[b] * std + mean),
+                "hi": _rows(sc.pred_hi[b] * std + mean),
+            }
+        )
     return {"worst_blocks": out, "names": channels.get("observation_names", [])}
 
 

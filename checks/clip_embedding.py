@@ -15,6 +15,7 @@ embeddings) the whole-set distance. Documented field practice for the mean cosin
 distance between simulated and real frames (not calibrated here, named as such in the report):
 below 0.20 stable, above 0.25 needs intervention, above 0.30 expand visual randomisation.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,20 +51,24 @@ class ClipEmbedder:
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
 
     @classmethod
-    def load(cls, path: str | Path) -> "ClipEmbedder":
+    def load(cls, path: str | Path) -> ClipEmbedder:
         path = Path(path)
         if not path.exists():
-            raise UserError(f"--clip-model {path} does not exist",
-                            "point it at local CLIP weights: a transformers folder (config.json + weights) or an open_clip checkpoint")
+            raise UserError(
+                f"--clip-model {path} does not exist",
+                "point it at local CLIP weights: a transformers folder (config.json + weights) or an open_clip checkpoint",
+            )
         if path.is_dir():
             return cls._load_transformers(path)
         return cls._load_open_clip(path)
 
     @classmethod
-    def _load_transformers(cls, path: Path) -> "ClipEmbedder":
+    def _load_transformers(cls, path: Path) -> ClipEmbedder:
         if not (path / "config.json").exists():
-            raise UserError(f"{path} has no config.json: not a transformers model folder",
-                            "save the model with save_pretrained(), or pass an open_clip checkpoint file")
+            raise UserError(
+                f"{path} has no config.json: not a transformers model folder",
+                "save the model with save_pretrained(), or pass an open_clip checkpoint file",
+            )
         try:
             from transformers import CLIPVisionModelWithProjection
         except ImportError:
@@ -71,8 +76,10 @@ class ClipEmbedder:
         try:
             model = CLIPVisionModelWithProjection.from_pretrained(str(path), local_files_only=True).eval()
         except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load CLIP vision weights from {path}: {exc}",
-                            "give a CLIPVisionModelWithProjection or CLIPModel folder saved with save_pretrained()") from None
+            raise UserError(
+                f"cannot load CLIP vision weights from {path}: {exc}",
+                "give a CLIPVisionModelWithProjection or CLIPModel folder saved with save_pretrained()",
+            ) from None
         mean, std = CLIP_MEAN, CLIP_STD
         pre = path / "preprocessor_config.json"
         if pre.exists():
@@ -85,19 +92,23 @@ class ClipEmbedder:
         return cls(forward, model.config.image_size, mean, std, f"transformers:{path}")
 
     @classmethod
-    def _load_open_clip(cls, path: Path) -> "ClipEmbedder":
+    def _load_open_clip(cls, path: Path) -> ClipEmbedder:
         try:
             import open_clip
         except ImportError:
-            raise UserError(f"{path} is a file: reading it as an open_clip checkpoint needs open_clip",
-                            "pip install open_clip_torch, or pass a transformers model folder") from None
+            raise UserError(
+                f"{path} is a file: reading it as an open_clip checkpoint needs open_clip",
+                "pip install open_clip_torch, or pass a transformers model folder",
+            ) from None
         names = [n for n in open_clip.list_models() if n.lower() in path.name.lower()]
         arch = max(names, key=len) if names else "ViT-L-14"
         try:
             model, _, _ = open_clip.create_model_and_transforms(arch, pretrained=str(path))
         except (RuntimeError, ValueError, OSError) as exc:
-            raise UserError(f"cannot load {path} as an open_clip {arch} checkpoint: {exc}",
-                            "name the architecture in the file name (e.g. ViT-B-32.pt) or pass a transformers folder") from None
+            raise UserError(
+                f"cannot load {path} as an open_clip {arch} checkpoint: {exc}",
+                "name the architecture in the file name (e.g. ViT-B-32.pt) or pass a transformers folder",
+            ) from None
         model.eval()
         size = model.visual.image_size
         size = size[0] if isinstance(size, (tuple, list)) else size
@@ -113,8 +124,9 @@ class ClipEmbedder:
             x = torch.from_numpy(np.ascontiguousarray(frames[s : s + chunk])).float().div(255.0)  # (c, H, W, C)
             x = x.permute(0, 3, 1, 2)  # (c, C, H, W)
             x = x.repeat(1, 3, 1, 1) if x.shape[1] == 1 else x[:, :3]
-            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bicubic", align_corners=False,
-                              antialias=True).clamp(0, 1)
+            x = F.interpolate(
+                x, size=(self.image_size, self.image_size), mode="bicubic", align_corners=False, antialias=True
+            ).clamp(0, 1)
             out.append(F.normalize(self._forward((x - self.mean) / self.std).float(), dim=-1).numpy())
         return np.concatenate(out)
 
@@ -124,16 +136,26 @@ class ClipEmbedder:
         e, r, h = self.embed(frames), self.embed(ref), self.embed(real)
 
         def mean_distance(x, x_steps):
-            d = [(1 - x[x_steps == t] @ r[ref_steps == t].T).ravel() for t in np.unique(x_steps) if (ref_steps == t).any()]
+            d = [
+                (1 - x[x_steps == t] @ r[ref_steps == t].T).ravel()
+                for t in np.unique(x_steps)
+                if (ref_steps == t).any()
+            ]
             return float(np.concatenate(d).mean()) if d else float("nan")
 
         mean_d, real_mean = mean_distance(e, steps), mean_distance(h, real_steps)
         if np.isnan(mean_d):
-            raise UserError("no checked frame shares a trajectory step with the real frames",
-                            "record the rollouts from the same start (step 0) as the real episodes")
+            raise UserError(
+                "no checked frame shares a trajectory step with the real frames",
+                "record the rollouts from the same start (step 0) as the real episodes",
+            )
         m_c, m_r = e.mean(0), r.mean(0)
         set_d = float(1 - m_c @ m_r / max(np.linalg.norm(m_c) * np.linalg.norm(m_r), 1e-12))
-        return {"model": self.source, "mean_cosine_distance": round(mean_d, 4),
-                "real_mean_cosine_distance": None if np.isnan(real_mean) else round(real_mean, 4),
-                "set_cosine_distance": round(set_d, 4), "practice_thresholds": dict(PRACTICE),
-                "practice": practice_band(mean_d)}
+        return {
+            "model": self.source,
+            "mean_cosine_distance": round(mean_d, 4),
+            "real_mean_cosine_distance": None if np.isnan(real_mean) else round(real_mean, 4),
+            "set_cosine_distance": round(set_d, 4),
+            "practice_thresholds": dict(PRACTICE),
+            "practice": practice_band(mean_d),
+        }

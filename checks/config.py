@@ -5,6 +5,7 @@ context + 48 imagined steps; latency searched over +-4 steps; actuator gains fro
 A gate file (YAML/JSON, committed before the check) overrides alpha per score and sets
 tolerances per gap; see `Gate`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,12 +73,15 @@ class CheckConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CheckConfig":
+    def from_dict(cls, d: dict) -> CheckConfig:
         """Strict: an unknown key (a misspelt or a newer config) is an error, not a silent default."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
-            raise UserError(f"check config has unknown keys {unknown}", f"accepted keys: {sorted(names)}; re-run `wmcheck calibrate`")
+            raise UserError(
+                f"check config has unknown keys {unknown}",
+                f"accepted keys: {sorted(names)}; re-run `wmcheck calibrate`",
+            )
         return cls(**d)
 
 
@@ -99,8 +103,10 @@ class _Tolerance:
             raise UserError(f"{where} must be a mapping", f"write e.g. {{{known[0]}: 1}}" if known else "write {}")
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise UserError(f"{where} has unknown keys {unknown}",
-                            f"accepted keys: {known}" if known else "this gap has no tolerances; remove it")
+            raise UserError(
+                f"{where} has unknown keys {unknown}",
+                f"accepted keys: {known}" if known else "this gap has no tolerances; remove it",
+            )
         return cls(**{k: _number(where, k, v) for k, v in data.items()})
 
 
@@ -170,8 +176,14 @@ class VisualTolerance(_Tolerance):
         return bool(within) and all(within)
 
 
-TOLERANCE_TYPES = {"latency": LatencyTolerance, "actuator": ActuatorTolerance, "sensor_noise": SensorNoiseTolerance,
-                   "dynamics": DynamicsTolerance, "distribution": DistributionTolerance, "visual": VisualTolerance}
+TOLERANCE_TYPES = {
+    "latency": LatencyTolerance,
+    "actuator": ActuatorTolerance,
+    "sensor_noise": SensorNoiseTolerance,
+    "dynamics": DynamicsTolerance,
+    "distribution": DistributionTolerance,
+    "visual": VisualTolerance,
+}
 
 
 @dataclass
@@ -186,7 +198,7 @@ class Tolerances:
     visual: VisualTolerance = field(default_factory=VisualTolerance)
 
     @classmethod
-    def from_dict(cls, data, where: str = "gate tolerances") -> "Tolerances":
+    def from_dict(cls, data, where: str = "gate tolerances") -> Tolerances:
         if isinstance(data, Tolerances):
             return data
         if not isinstance(data, dict):
@@ -226,23 +238,29 @@ class Gate:
         where = "gate" if self.source == "defaults" else f"gate file {self.source}"
         self.tolerances = Tolerances.from_dict(self.tolerances, f"{where}: tolerances")
         if not isinstance(self.allow_unverifiable, bool):
-            raise UserError(f"{where}: allow_unverifiable must be true or false, got {self.allow_unverifiable!r}",
-                            "write allow_unverifiable: false")
+            raise UserError(
+                f"{where}: allow_unverifiable must be true or false, got {self.allow_unverifiable!r}",
+                "write allow_unverifiable: false",
+            )
         if not isinstance(self.score_alpha, dict):
             raise UserError(f"{where}: score_alpha must be a mapping", "write score_alpha: {divergence: 0.01}")
         bad_scores = sorted(set(self.score_alpha) - set(SCORES + COMPETENCE))
         if bad_scores:
-            raise UserError(f"{where}: unknown scores {bad_scores} in score_alpha", f"scores are {list(SCORES + COMPETENCE)}")
+            raise UserError(
+                f"{where}: unknown scores {bad_scores} in score_alpha", f"scores are {list(SCORES + COMPETENCE)}"
+            )
         for name, a in [("alpha", self.alpha), *self.score_alpha.items()]:
             if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < float(a) < 1):
                 raise UserError(f"{where}: {name} must be in (0, 1), got {a!r}", "use a probability such as 0.05")
         self.policy = validate_gate_policy(self.policy, where)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Gate":
+    def load(cls, path: str | Path) -> Gate:
         path = Path(path)
         if not path.is_file():
-            raise UserError(f"gate file {path} does not exist", "commit a gate file (see `wmcheck check --help`) or drop --gate")
+            raise UserError(
+                f"gate file {path} does not exist", "commit a gate file (see `wmcheck check --help`) or drop --gate"
+            )
         try:
             text = path.read_text()
             if path.suffix.lower() == ".json":
@@ -254,7 +272,9 @@ class Gate:
         except Exception as exc:
             raise UserError(f"cannot parse gate file {path}: {exc}", "fix its YAML/JSON syntax") from None
         if not isinstance(data, dict):
-            raise UserError(f"gate file {path} must hold a mapping", "write keys such as alpha:, tolerances:, allow_unverifiable:")
+            raise UserError(
+                f"gate file {path} must hold a mapping", "write keys such as alpha:, tolerances:, allow_unverifiable:"
+            )
         known = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
         unknown = sorted(set(data) - set(known))
         if unknown:
@@ -267,14 +287,18 @@ def validate_gate_policy(policy, where: str) -> dict:
     if policy is None:
         policy = {}
     if not isinstance(policy, dict):
-        raise UserError(f"{where}: policy must be a mapping", "write policy: {min_episodes: 1000, min_success_rate: 0.85}")
+        raise UserError(
+            f"{where}: policy must be a mapping", "write policy: {min_episodes: 1000, min_success_rate: 0.85}"
+        )
     unknown = set(policy) - set(POLICY_GATE_DEFAULTS)
     if unknown:
         raise UserError(f"{where}: unknown policy keys {sorted(unknown)}", f"use {sorted(POLICY_GATE_DEFAULTS)}")
     out = {**POLICY_GATE_DEFAULTS, **policy}
     m, r = out["min_episodes"], out["min_success_rate"]
     if isinstance(m, bool) or not isinstance(m, (int, float)) or m < 1 or int(m) != m:
-        raise UserError(f"{where}: policy.min_episodes must be a whole number >= 1, got {m!r}", "e.g. min_episodes: 1000")
+        raise UserError(
+            f"{where}: policy.min_episodes must be a whole number >= 1, got {m!r}", "e.g. min_episodes: 1000"
+        )
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
         raise UserError(f"{where}: policy.min_success_rate must be in [0, 1], got {r!r}", "e.g. min_success_rate: 0.85")
     return {"min_episodes": int(m), "min_success_rate": float(r)}

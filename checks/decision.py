@@ -51,6 +51,7 @@ Top gap
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
 """
+
 from __future__ import annotations
 
 import math
@@ -75,7 +76,7 @@ class Levels:
     gap: float  # each gap test
 
     @classmethod
-    def for_check(cls, alpha: float, n_episodes: int) -> "Levels":
+    def for_check(cls, alpha: float, n_episodes: int) -> Levels:
         a_div, a_gap = split_alpha(alpha)
         n = max(int(n_episodes), 1)
         return cls(alpha, a_div / (2 * len(SCORES) * n), alpha / (2 * n), a_div / (2 * len(SCORES)), a_gap)

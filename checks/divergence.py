@@ -14,6 +14,7 @@ Owns the array-level builders of `DivergenceEvidence` (evidence.py) from block s
     the competent blocks have such a twin in at least two episodes.
 Scores are passed as {name: (n,) array}, from `BlockScores` or from the power table's stored arrays.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -32,8 +33,14 @@ def score_arrays(sc, names=SCORES + COMPETENCE) -> dict[str, np.ndarray]:
     return {s: getattr(sc, s) for s in names}
 
 
-def competent_blocks(support_steps: np.ndarray, disagreement: np.ndarray, real_support_steps: np.ndarray,
-                     real_disagreement: np.ndarray, support_alpha: float, disagreement_alpha: float) -> tuple[np.ndarray, float]:
+def competent_blocks(
+    support_steps: np.ndarray,
+    disagreement: np.ndarray,
+    real_support_steps: np.ndarray,
+    real_disagreement: np.ndarray,
+    support_alpha: float,
+    disagreement_alpha: float,
+) -> tuple[np.ndarray, float]:
     """(n,) bool: blocks inside the model's competence, and the support bound used.
     support_steps (n, L - C) latent distances of every step; disagreement (n,) ensemble means."""
     bound = float(np.quantile(real_support_steps, 1 - support_alpha))
@@ -45,20 +52,27 @@ def _uses_log(score: str) -> bool:
     return score != "nll"  # divergence z^2, KL and latent distances are positive and right-skewed
 
 
-def episode_p_values(checked: Scores, real: Scores, real_episode: np.ndarray, idx: np.ndarray,
-                     competent: np.ndarray) -> tuple[dict[str, float], dict[str, float]]:
+def episode_p_values(
+    checked: Scores, real: Scores, real_episode: np.ndarray, idx: np.ndarray, competent: np.ndarray
+) -> tuple[dict[str, float], dict[str, float]]:
     """(divergence p per score on the competent blocks idx[competent[idx]], competence p per
     competence score on all of idx) for one episode whose blocks are idx."""
     cidx = idx[competent[idx]]
-    div = {s: (episode_outlier_p(checked[s][cidx], real[s], real_episode, log=_uses_log(s)) if len(cidx) else float("nan"))
-           for s in SCORES}
-    comp = {s: episode_outlier_p(checked[s][idx], real[s], real_episode)
-            for s in COMPETENCE if s in checked and s in real and (real[s].max() > 0 or s == "support")}
+    div = {
+        s: (episode_outlier_p(checked[s][cidx], real[s], real_episode, log=_uses_log(s)) if len(cidx) else float("nan"))
+        for s in SCORES
+    }
+    comp = {
+        s: episode_outlier_p(checked[s][idx], real[s], real_episode)
+        for s in COMPETENCE
+        if s in checked and s in real and (real[s].max() > 0 or s == "support")
+    }
     return div, comp
 
 
-def episode_evidence(checked: Scores, real: Scores, real_episode: np.ndarray, block_episode: np.ndarray,
-                     competent: np.ndarray) -> list[EpisodeEvidence]:
+def episode_evidence(
+    checked: Scores, real: Scores, real_episode: np.ndarray, block_episode: np.ndarray, competent: np.ndarray
+) -> list[EpisodeEvidence]:
     """One `EpisodeEvidence` per checked episode (in order of first appearance), p-values only."""
     out = []
     for e in dict.fromkeys(block_episode.tolist()):
@@ -68,13 +82,23 @@ def episode_evidence(checked: Scores, real: Scores, real_episode: np.ndarray, bl
     return out
 
 
-def pooled_evidence(checked: Scores, real: Scores, real_episode: np.ndarray, block_episode: np.ndarray,
-                    competent: np.ndarray, twin: np.ndarray | None = None) -> PooledEvidence:
+def pooled_evidence(
+    checked: Scores,
+    real: Scores,
+    real_episode: np.ndarray,
+    block_episode: np.ndarray,
+    competent: np.ndarray,
+    twin: np.ndarray | None = None,
+) -> PooledEvidence:
     """The pooled test over the competent blocks; twin (n,): each checked block's real twin or -1."""
     comp_idx = np.flatnonzero(competent)
     paired_idx = comp_idx if twin is None else comp_idx[twin[comp_idx] >= 0]
-    paired = (twin is not None and len(comp_idx) > 0 and len(paired_idx) >= 0.5 * len(comp_idx)
-              and len(np.unique(block_episode[paired_idx])) >= 2)
+    paired = (
+        twin is not None
+        and len(comp_idx) > 0
+        and len(paired_idx) >= 0.5 * len(comp_idx)
+        and len(np.unique(block_episode[paired_idx])) >= 2
+    )
 
     def p(s: str) -> float:
         if not len(comp_idx):
@@ -86,13 +110,23 @@ def pooled_evidence(checked: Scores, real: Scores, real_episode: np.ndarray, blo
             return paired_episode_t_greater(x - y, block_episode[paired_idx])
         return episode_t_greater(checked[s][comp_idx], block_episode[comp_idx], real[s], real_episode, log=_uses_log(s))
 
-    return PooledEvidence({s: p(s) for s in SCORES}, bool(paired), int(len(paired_idx) if paired else 0), int(len(comp_idx)))
+    return PooledEvidence(
+        {s: p(s) for s in SCORES}, bool(paired), int(len(paired_idx) if paired else 0), int(len(comp_idx))
+    )
 
 
-def divergence_evidence(checked: Scores, real: Scores, real_episode: np.ndarray, block_episode: np.ndarray,
-                        competent: np.ndarray | None = None, twin: np.ndarray | None = None) -> DivergenceEvidence:
+def divergence_evidence(
+    checked: Scores,
+    real: Scores,
+    real_episode: np.ndarray,
+    block_episode: np.ndarray,
+    competent: np.ndarray | None = None,
+    twin: np.ndarray | None = None,
+) -> DivergenceEvidence:
     """Episodes and pooled test of blocks labelled by block_episode (n,); every block competent
     when `competent` is None (the power table's injected real blocks)."""
     competent = np.ones(len(block_episode), bool) if competent is None else competent
-    return DivergenceEvidence(episode_evidence(checked, real, real_episode, block_episode, competent),
-                              pooled_evidence(checked, real, real_episode, block_episode, competent, twin))
+    return DivergenceEvidence(
+        episode_evidence(checked, real, real_episode, block_episode, competent),
+        pooled_evidence(checked, real, real_episode, block_episode, competent, twin),
+    )

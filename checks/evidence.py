@@ -19,6 +19,7 @@ strings. Every test a check runs leaves one of these:
 The power table (calibration.power_table) builds the same dataclasses on injected real blocks, so
 the decision it replays is the check's own.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,7 +81,7 @@ class GapEvidence:
         return self.checked and self.evidence is not None and not math.isnan(self.evidence) and self.evidence >= 1.0
 
     @classmethod
-    def not_checked(cls, gap: str, reason: str) -> "GapEvidence":
+    def not_checked(cls, gap: str, reason: str) -> GapEvidence:
         return cls(gap, None, checked=False, reason=reason)
 
 

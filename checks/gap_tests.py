@@ -16,6 +16,7 @@ Each test yields a `GapEvidence` with a typed detail (LatencyDetail, ActuatorDet
 ResidualDetail) that the report words; the gate's tolerances (config.Tolerances) set
 `within_tolerance`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -109,8 +110,10 @@ class GapTests:
 def run_gap_tests(ctx: GapContext) -> GapTests:
     if len(ctx.comp_idx) == 0:
         why = "no block lies inside the model's competence"
-        return GapTests({g: GapEvidence.not_checked(g, why) for g in ("latency", "actuator", "sensor_noise", "dynamics")},
-                        ctx.scores)
+        return GapTests(
+            {g: GapEvidence.not_checked(g, why) for g in ("latency", "actuator", "sensor_noise", "dynamics")},
+            ctx.scores,
+        )
     boot_idx = cluster_bootstrap(ctx.rng, ctx.blocks.episode[ctx.comp_idx], ctx.cal.config.bootstrap)  # whole episodes
     latency = latency_test(ctx, boot_idx)
     shift = latency.detail.steps if latency.fires else 0
@@ -124,24 +127,58 @@ def run_gap_tests(ctx: GapContext) -> GapTests:
     sc = ctx.scores
     if applied:
         cfg = ctx.cal.config
-        sc = score_blocks(ctx.model, make_blocks(corrected, ctx.norm, cfg.context, cfg.horizon), cfg.samples,
-                          ctx.cal.support_ref, ctx.cal.support_scale, seed=ctx.seed)
+        sc = score_blocks(
+            ctx.model,
+            make_blocks(corrected, ctx.norm, cfg.context, cfg.horizon),
+            cfg.samples,
+            ctx.cal.support_ref,
+            ctx.cal.support_scale,
+            seed=ctx.seed,
+        )
     sensor, dynamics = residual_tests(ctx, sc, boot_idx, applied)
-    return GapTests({"latency": latency, "actuator": actuator, "sensor_noise": sensor, "dynamics": dynamics}, sc, applied)
+    return GapTests(
+        {"latency": latency, "actuator": actuator, "sensor_noise": sensor, "dynamics": dynamics}, sc, applied
+    )
 
 
 def latency_test(ctx: GapContext, boot_idx) -> GapEvidence:
     cfg, real = ctx.cal.config, ctx.cal.real_search
-    J = attr.search_matrices(ctx.model, ctx.episodes, ctx.norm, cfg, ctx.norm.std["action"].astype(float), actuator=False)
+    J = attr.search_matrices(
+        ctx.model, ctx.episodes, ctx.norm, cfg, ctx.norm.std["action"].astype(float), actuator=False
+    )
     delays = J.delays
     checked = J.latency[:, ctx.comp_idx]  # (Ld, k)
-    res = attr.evaluate_search(checked, real.latency, delays, attr.identity_index("delay", delays), ctx.level, ctx.rng,
-                               cfg.bootstrap, boot_idx, ctx.cal.real_episode)
+    res = attr.evaluate_search(
+        checked,
+        real.latency,
+        delays,
+        attr.identity_index("delay", delays),
+        ctx.level,
+        ctx.rng,
+        cfg.bootstrap,
+        boot_idx,
+        ctx.cal.real_episode,
+    )
     steps, interval = attr.registered_delay(checked, real.latency, delays, boot_idx)
-    detail = LatencyDetail(steps, interval, int(delays[res.best]), res.improvement, res.evidence * res.threshold, res.threshold,
-                           delays, res.curve, real.latency.mean(1), ctx.dt)
-    return GapEvidence("latency", res.evidence, within_tolerance=ctx.tolerances.latency.covers(steps),
-                       boot=res.boot_evidence, detail=detail)
+    detail = LatencyDetail(
+        steps,
+        interval,
+        int(delays[res.best]),
+        res.improvement,
+        res.evidence * res.threshold,
+        res.threshold,
+        delays,
+        res.curve,
+        real.latency.mean(1),
+        ctx.dt,
+    )
+    return GapEvidence(
+        "latency",
+        res.evidence,
+        within_tolerance=ctx.tolerances.latency.covers(steps),
+        boot=res.boot_evidence,
+        detail=detail,
+    )
 
 
 def actuator_test(ctx: GapContext, act_eps, boot_idx) -> GapEvidence:
@@ -159,33 +196,79 @@ def actuator_test(ctx: GapContext, act_eps, boot_idx) -> GapEvidence:
         allowed = attr.allowed_corrections(norm, act_eps, c, kind, grid, unit, cfg.competence_alpha)  # (G,)
         if not allowed.all():
             untested.setdefault(names[c], {})[kind] = [float(v * unit) for v in grid[~allowed]]
-        r = attr.evaluate_search(mat[:, ctx.comp_idx], ctx.cal.real_search.actuator[kind][c], grid, ident, level, ctx.rng,
-                                 cfg.bootstrap, boot_idx, ctx.cal.real_episode, allowed)
-        found.append(Correction(names[c], c, kind, float(grid[r.best]) * unit, (r.interval[0] * unit, r.interval[1] * unit),
-                                float(r.evidence), float(r.improvement), float(r.evidence * r.threshold), float(r.threshold)))
+        r = attr.evaluate_search(
+            mat[:, ctx.comp_idx],
+            ctx.cal.real_search.actuator[kind][c],
+            grid,
+            ident,
+            level,
+            ctx.rng,
+            cfg.bootstrap,
+            boot_idx,
+            ctx.cal.real_episode,
+            allowed,
+        )
+        found.append(
+            Correction(
+                names[c],
+                c,
+                kind,
+                float(grid[r.best]) * unit,
+                (r.interval[0] * unit, r.interval[1] * unit),
+                float(r.evidence),
+                float(r.improvement),
+                float(r.evidence * r.threshold),
+                float(r.threshold),
+            )
+        )
         boots.append(r.boot_evidence)
     # Gain, offset and deadband can all partly mimic one another: the estimate is the significant
     # correction that explains the most; the gap's evidence is the strongest search.
     significant = [f for f in found if f.evidence >= 1.0] or found
     best = max(significant, key=lambda f: f.improvement)
-    extrap = attr.outside_training_share(norm, [actuator_correction(e, best.index, best.kind, best.value) for e in act_eps],
-                                         best.index)
+    extrap = attr.outside_training_share(
+        norm, [actuator_correction(e, best.index, best.kind, best.value) for e in act_eps], best.index
+    )
     detail = ActuatorDetail(best, found, extrap, untested, cfg.competence_alpha)
-    return GapEvidence("actuator", max(f.evidence for f in found), within_tolerance=ctx.tolerances.actuator.covers(best.kind, best.value),
-                       boot=np.max(np.stack(boots), 0), detail=detail)
+    return GapEvidence(
+        "actuator",
+        max(f.evidence for f in found),
+        within_tolerance=ctx.tolerances.actuator.covers(best.kind, best.value),
+        boot=np.max(np.stack(boots), 0),
+        detail=detail,
+    )
 
 
 def residual_tests(ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str]) -> tuple[GapEvidence, GapEvidence]:
     real, idx = ctx.cal.real, ctx.comp_idx
-    stats = attr.residual_evidence(sc.resid_std[idx], real.resid_std, sc.resid_mean[idx], real.resid_mean,
-                                   sc.resid_ac1[idx], real.resid_ac1, ctx.level, ctx.rng, ctx.cal.config.bootstrap, boot_idx,
-                                   (ctx.blocks.episode[idx], ctx.cal.real_episode))
+    stats = attr.residual_evidence(
+        sc.resid_std[idx],
+        real.resid_std,
+        sc.resid_mean[idx],
+        real.resid_mean,
+        sc.resid_ac1[idx],
+        real.resid_ac1,
+        ctx.level,
+        ctx.rng,
+        ctx.cal.config.bootstrap,
+        boot_idx,
+        (ctx.blocks.episode[idx], ctx.cal.real_episode),
+    )
     std = ctx.norm.std["obs"].astype(float)
-    detail = ResidualDetail(stats, list(ctx.norm.names["obs"]), std, sc.resid_ac1[idx].mean(0), real.resid_ac1.mean(0), applied,
-                            sc.div_channel[idx].mean(0) / np.maximum(real.div_channel.mean(0), 1e-9),
-                            sc.div_curve[idx].mean(0) / np.maximum(real.div_curve.mean(0), 1e-9))
+    detail = ResidualDetail(
+        stats,
+        list(ctx.norm.names["obs"]),
+        std,
+        sc.resid_ac1[idx].mean(0),
+        real.resid_ac1.mean(0),
+        applied,
+        sc.div_channel[idx].mean(0) / np.maximum(real.div_channel.mean(0), 1e-9),
+        sc.div_curve[idx].mean(0) / np.maximum(real.div_curve.mean(0), 1e-9),
+    )
     worst = int(np.argmax(stats.sensor_per_channel))
     covers = ctx.tolerances.sensor_noise.covers(float(stats.ratio[worst]), float(stats.bias[worst] * std[worst]))
-    sensor = GapEvidence("sensor_noise", stats.sensor_evidence, within_tolerance=covers, boot=stats.sensor_boot, detail=detail)
+    sensor = GapEvidence(
+        "sensor_noise", stats.sensor_evidence, within_tolerance=covers, boot=stats.sensor_boot, detail=detail
+    )
     dynamics = GapEvidence("dynamics", stats.dynamics_evidence, boot=stats.dynamics_boot, detail=detail)
     return sensor, dynamics

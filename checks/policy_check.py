@@ -27,11 +27,12 @@ initial conditions (`policy_rollout.closed_loop`), it computes:
                 before hardware time) and the exploitation flag; any failure fails the check.
 The exploitation test is one more test at alpha on top of the check's own budget.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -39,9 +40,9 @@ from wmcheck.checks.config import POLICY_GATE_DEFAULTS
 from wmcheck.checks.policy_rollout import ClosedLoop, ClosedLoopConfig, closed_loop
 from wmcheck.checks.stats import block_mmd_test, percentile_interval, sign_flip_test
 from wmcheck.datasets.episode import Episode
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import Outcome, SpaceCodec, episode_outcome, make_env, make_policy, make_success
-from wmcheck.datasets.errors import UserError
 
 EXCITATION_POLICIES = ("random",)  # and "hold:K": recording signals, not policies to ship
 
@@ -49,7 +50,9 @@ EXCITATION_POLICIES = ("random",)  # and "hold:K": recording signals, not polici
 def is_policy(spec) -> bool:
     """True for a policy to check closed loop (a callable, module:callable or TorchScript file);
     False for the recorder's excitation signals (random, hold:K)."""
-    return callable(spec) or (isinstance(spec, str) and spec not in EXCITATION_POLICIES and not spec.startswith("hold:"))
+    return callable(spec) or (
+        isinstance(spec, str) and spec not in EXCITATION_POLICIES and not spec.startswith("hold:")
+    )
 
 
 @dataclass
@@ -76,26 +79,46 @@ class EpisodeBlocks:
     support_steps: dict[int, int]  # episode id -> number of checked steps
 
 
-def policy_section(model, norm: Normalizer, episodes: list[Episode], run: PolicyRun, blocks: EpisodeBlocks,
-                   gate_policy: dict, alpha: float, div_q: np.ndarray, context: int, dt: float | None,
-                   obs_names: list[str], calibration_info: dict, rng: np.random.Generator, seed: int = 0) -> dict:
+def policy_section(
+    model,
+    norm: Normalizer,
+    episodes: list[Episode],
+    run: PolicyRun,
+    blocks: EpisodeBlocks,
+    gate_policy: dict,
+    alpha: float,
+    div_q: np.ndarray,
+    context: int,
+    dt: float | None,
+    obs_names: list[str],
+    calibration_info: dict,
+    rng: np.random.Generator,
+    seed: int = 0,
+) -> dict:
     """The report's `policy` section (module docstring); `_plots` holds figure data for the HTML.
     `calibration_info` gives the reward head's error per step on held-out real data (`calibrate`)."""
     if "reward_abs_error_per_step" not in calibration_info:
-        raise UserError("this calibration predates policy checks (no reward resolution)",
-                        "re-run `wmcheck calibrate RUNDIR`")
+        raise UserError(
+            "this calibration predates policy checks (no reward resolution)", "re-run `wmcheck calibrate RUNDIR`"
+        )
     resolution = float(calibration_info["reward_abs_error_per_step"])
-    rewarded = float(calibration_info.get("reward_std_real", 0.0)) > 0  # real logs without rewards: no returns to compare
+    rewarded = (
+        float(calibration_info.get("reward_std_real", 0.0)) > 0
+    )  # real logs without rewards: no returns to compare
     recorded = episodes
     episodes = [e for e in recorded if e.num_steps > context]  # the model observes `context` rows first
     if not episodes:
-        raise UserError(f"no policy episode is longer than the model's context ({context} steps)",
-                        f"record episodes of more than {context} steps (--max-steps)")
+        raise UserError(
+            f"no policy episode is longer than the model's context ({context} steps)",
+            f"record episodes of more than {context} steps (--max-steps)",
+        )
     env = make_env(run.env_id, run.env_kwargs)
     try:
         codec = SpaceCodec.for_env(env)
         policy = make_policy(run.policy, env)
-        cl = closed_loop(model, norm, episodes, policy, codec, env, context, ClosedLoopConfig(samples=run.samples, seed=seed))
+        cl = closed_loop(
+            model, norm, episodes, policy, codec, env, context, ClosedLoopConfig(samples=run.samples, seed=seed)
+        )
     finally:
         env.close()
     ids = [int(e.id) for e in episodes]
@@ -106,7 +129,11 @@ def policy_section(model, norm: Normalizer, episodes: list[Episode], run: Policy
     diff = sim_ret - model_ret
     success, model_success = _success(recorded, episodes, run, cl)
     by_id = dict(zip([int(e.id) for e in recorded], success["per_episode"]))
-    high = np.array([bool(by_id[i]) for i in ids]) if success["simulator_rate"] is not None else sim_ret >= np.median(sim_ret)
+    high = (
+        np.array([bool(by_id[i]) for i in ids])
+        if success["simulator_rate"] is not None
+        else sim_ret >= np.median(sim_ret)
+    )
 
     # ---- returns: paired per episode, beyond the model's resolution
     # A difference of returns within the reward head's error on real data (per closed-loop step) is
@@ -119,10 +146,15 @@ def policy_section(model, norm: Normalizer, episodes: list[Episode], run: Policy
     p_two = min(1.0, 2 * min(p_greater, p_less))
     inside = (sim_ret >= model_rets.min(1)) & (sim_ret <= model_rets.max(1))
     returns = {
-        "simulator": _quantiles(sim_ret), "model": _quantiles(model_rets.ravel()),
-        "paired_difference_mean": _r(diff.mean()), "paired_difference_ci": [_r(ci[0]), _r(ci[1])],
-        "model_resolution": _r(margin.mean()), "p_value": _r(p_two), "differs": bool(p_two < alpha),
-        "inside_model_range": _r(inside.mean()), "inside_model_range_expected": _r((S - 1) / (S + 1)),
+        "simulator": _quantiles(sim_ret),
+        "model": _quantiles(model_rets.ravel()),
+        "paired_difference_mean": _r(diff.mean()),
+        "paired_difference_ci": [_r(ci[0]), _r(ci[1])],
+        "model_resolution": _r(margin.mean()),
+        "p_value": _r(p_two),
+        "differs": bool(p_two < alpha),
+        "inside_model_range": _r(inside.mean()),
+        "inside_model_range_expected": _r((S - 1) / (S + 1)),
         "compared": rewarded,
     }
 
@@ -135,9 +167,14 @@ def policy_section(model, norm: Normalizer, episodes: list[Episode], run: Policy
     cov = np.array([blocks.coverage.get(i, np.nan) for i in ids], float)
     known = steps > 0
     coverage = {
-        "fraction_in_support": _r(float((cov[known] * steps[known]).sum() / steps[known].sum())) if known.any() else None,
-        "successful_fraction_in_support": (_r(float((cov[known & high] * steps[known & high]).sum() / steps[known & high].sum()))
-                                           if (known & high).any() else None),
+        "fraction_in_support": _r(float((cov[known] * steps[known]).sum() / steps[known].sum()))
+        if known.any()
+        else None,
+        "successful_fraction_in_support": (
+            _r(float((cov[known & high] * steps[known & high]).sum() / steps[known & high].sum()))
+            if (known & high).any()
+            else None
+        ),
         "episodes_checked": int(known.sum()),
     }
 
@@ -145,48 +182,77 @@ def policy_section(model, norm: Normalizer, episodes: list[Episode], run: Policy
     flagged = np.array([blocks.flagged.get(i, False) for i in ids])
     exploited = high & (sim_ret > model_rets.max(1)) & (diff > margin)  # beyond every rollout and the resolution
     order = np.flatnonzero(exploited)[np.argsort(-diff[exploited])]
-    listed = [_split(episodes[i], cl, i, norm, div_q, dt, obs_names) | {
-        "id": ids[i], "simulator_return": _r(sim_ret[i]), "model_return": _r(model_ret[i]),
-        "model_return_range": [_r(model_rets[i].min()), _r(model_rets[i].max())],
-        "through_flagged_block": bool(flagged[i])} for i in order[:20]]
+    listed = [
+        _split(episodes[i], cl, i, norm, div_q, dt, obs_names)
+        | {
+            "id": ids[i],
+            "simulator_return": _r(sim_ret[i]),
+            "model_return": _r(model_ret[i]),
+            "model_return_range": [_r(model_rets[i].min()), _r(model_rets[i].max())],
+            "through_flagged_block": bool(flagged[i]),
+        }
+        for i in order[:20]
+    ]
     flag = bool(p_greater < alpha)
     exploitation = {
-        "flag": flag, "p_value": _r(p_greater), "high_return_episodes": int(high.sum()),
+        "flag": flag,
+        "p_value": _r(p_greater),
+        "high_return_episodes": int(high.sum()),
         "high_return_definition": "successful" if success["simulator_rate"] is not None else "return >= median",
         "above_model_range": int(exploited.sum()),
         "through_flagged_fraction_high": _r(flagged[high].mean()) if high.any() else None,
         "through_flagged_fraction_other": _r(flagged[~high].mean()) if (~high).any() else None,
         "episodes": listed,
-        "explanation": (("the real logs carry no rewards: returns cannot be compared; " if not rewarded else "") +
-                        f"simulator returns exceed the model's closed-loop returns from the same initial conditions by "
-                        f"{diff.mean():.3g} on average (90% interval [{ci[0]:.3g}, {ci[1]:.3g}]; the model resolves {margin.mean():.3g}, "
-                        f"one-sided sign-flip p = {p_greater:.3g} that the excess is beyond it); "
-                        f"{int(exploited.sum())} of {int(high.sum())} high-return episodes score above every model rollout by more than the resolution; "
-                        f"{int(flagged[high].sum())} of the {int(high.sum())} high-return episodes pass through blocks the check flags"),
+        "explanation": (
+            ("the real logs carry no rewards: returns cannot be compared; " if not rewarded else "")
+            + f"simulator returns exceed the model's closed-loop returns from the same initial conditions by "
+            f"{diff.mean():.3g} on average (90% interval [{ci[0]:.3g}, {ci[1]:.3g}]; the model resolves {margin.mean():.3g}, "
+            f"one-sided sign-flip p = {p_greater:.3g} that the excess is beyond it); "
+            f"{int(exploited.sum())} of {int(high.sum())} high-return episodes score above every model rollout by more than the resolution; "
+            f"{int(flagged[high].sum())} of the {int(high.sum())} high-return episodes pass through blocks the check flags"
+        ),
     }
 
     # ---- gate
     gate = policy_gate(gate_policy, len(recorded), success, flag)
     return {
         "policy": run.policy if isinstance(run.policy, str) else getattr(run.policy, "__name__", repr(run.policy)),
-        "env": run.env_id, "episodes": len(recorded), "closed_loop_episodes": n, "closed_loop_samples": S,
+        "env": run.env_id,
+        "episodes": len(recorded),
+        "closed_loop_episodes": n,
+        "closed_loop_samples": S,
         "context_steps": context,
         "success": {k: v for k, v in success.items() if k != "per_episode"} | {"model_rate": model_success},
-        "returns": returns, "visitation": vis, "coverage": coverage, "exploitation": exploitation, "gate": gate,
-        "_plots": {"simulator_return": sim_ret.tolist(), "model_return": model_ret.tolist(),
-                   "model_return_lo": model_rets.min(1).tolist(), "model_return_hi": model_rets.max(1).tolist(),
-                   "high": high.tolist()},
+        "returns": returns,
+        "visitation": vis,
+        "coverage": coverage,
+        "exploitation": exploitation,
+        "gate": gate,
+        "_plots": {
+            "simulator_return": sim_ret.tolist(),
+            "model_return": model_ret.tolist(),
+            "model_return_lo": model_rets.min(1).tolist(),
+            "model_return_hi": model_rets.max(1).tolist(),
+            "high": high.tolist(),
+        },
     }
 
 
-def _success(recorded: list[Episode], episodes: list[Episode], run: PolicyRun, cl: ClosedLoop) -> tuple[dict, float | None]:
+def _success(
+    recorded: list[Episode], episodes: list[Episode], run: PolicyRun, cl: ClosedLoop
+) -> tuple[dict, float | None]:
     """Simulator success over every recorded episode; the model's over its rollouts of `episodes`."""
     per = [run.outcomes.get(int(e.id), Outcome(None, None)) for e in recorded]
     known = [o.success for o in per if o.success is not None]
     sources = sorted({o.source for o in per if o.source})
     rate = float(np.mean(known)) if known and len(known) == len(per) else None
-    out = {"source": ", ".join(sources) or None, "simulator_rate": _r(rate), "successes": int(sum(known)),
-           "known": len(known), "per_episode": [o.success for o in per]}
+    out = {
+        "source": ", ".join(sources) or None,
+        "simulator_rate": _r(rate),
+        "successes": int(sum(known)),
+        "known": len(known),
+        "per_episode": [o.success for o in per],
+    }
     # The same rule on the model's rollouts (a rule that needs the env's info cannot judge them).
     model_rate = None
     fn = make_success(run.success) if run.success is not None else None
@@ -196,7 +262,9 @@ def _success(recorded: list[Episode], episodes: list[Episode], run: PolicyRun, c
             for i, e in enumerate(episodes):
                 N = e.num_steps
                 for s in range(cl.obs.shape[1]):
-                    img = Episode(cl.obs[i, s, : N + 1], cl.actions[i, s, :N], rewards=cl.rewards[i, s, :N], id=e.id, seed=e.seed)
+                    img = Episode(
+                        cl.obs[i, s, : N + 1], cl.actions[i, s, :N], rewards=cl.rewards[i, s, :N], id=e.id, seed=e.seed
+                    )
                     hits.append(bool(episode_outcome(img, {}, fn).success))
             model_rate = _r(float(np.mean(hits)))
         except UserError:
@@ -220,8 +288,14 @@ def _visitation(episodes, cl: ClosedLoop, norm: Normalizer, names: list[str], rn
         sq = np.quantile(sim_all[:, d], [0.05, 0.5, 0.95])
         mq = np.quantile(model_all[:, d], [0.05, 0.5, 0.95])
         lo, hi = np.quantile(model_all[:, d], [0.01, 0.99])
-        per_channel.append({"name": name, "simulator_q05_q50_q95": [_r(v) for v in sq], "model_q05_q50_q95": [_r(v) for v in mq],
-                            "simulator_inside_model_q01_q99": _r(float(((sim_all[:, d] >= lo) & (sim_all[:, d] <= hi)).mean()))})
+        per_channel.append(
+            {
+                "name": name,
+                "simulator_q05_q50_q95": [_r(v) for v in sq],
+                "model_q05_q50_q95": [_r(v) for v in mq],
+                "simulator_inside_model_q01_q99": _r(float(((sim_all[:, d] >= lo) & (sim_all[:, d] <= hi)).mean())),
+            }
+        )
     return {"mmd2": _r(mmd), "p_value": _r(p), "per_channel": per_channel}
 
 
@@ -240,9 +314,12 @@ def _split(ep: Episode, cl: ClosedLoop, i: int, norm: Normalizer, div_q: np.ndar
     t = int(over[0])
     row = C + t
     mean_raw = cl.obs[i, :, row].mean(0)
-    return {"split_step": row, "split_seconds": (row * dt if dt else None),
-            "simulator_state": {n: _r(v) for n, v in zip(names, ep.observations[row])},
-            "model_state": {n: _r(v) for n, v in zip(names, mean_raw)}}
+    return {
+        "split_step": row,
+        "split_seconds": (row * dt if dt else None),
+        "simulator_state": {n: _r(v) for n, v in zip(names, ep.observations[row])},
+        "model_state": {n: _r(v) for n, v in zip(names, mean_raw)},
+    }
 
 
 def policy_gate(gate_policy: dict, n: int, success: dict, exploit_flag: bool) -> dict:
@@ -253,18 +330,32 @@ def policy_gate(gate_policy: dict, n: int, success: dict, exploit_flag: bool) ->
     rate = success["simulator_rate"]
     reasons = []
     if n < min_eps:
-        reasons.append(f"{n} simulator episodes; the gate requires at least {min_eps} across the task distribution "
-                       f"(record them: --episodes {min_eps})")
+        reasons.append(
+            f"{n} simulator episodes; the gate requires at least {min_eps} across the task distribution "
+            f"(record them: --episodes {min_eps})"
+        )
     if rate is None and min_rate > 0:
-        reasons.append(f"the simulator success rate is unknown ({success['known']} of {n} episodes report success); the gate requires "
-                       f"at least {min_rate:.0%}: pass --success module:callable, or use an env whose info has 'is_success'")
+        reasons.append(
+            f"the simulator success rate is unknown ({success['known']} of {n} episodes report success); the gate requires "
+            f"at least {min_rate:.0%}: pass --success module:callable, or use an env whose info has 'is_success'"
+        )
     elif rate is not None and rate < min_rate:
-        reasons.append(f"simulator success rate {rate:.1%} ({success['successes']} of {n}); the gate requires at least {min_rate:.0%}")
+        reasons.append(
+            f"simulator success rate {rate:.1%} ({success['successes']} of {n}); the gate requires at least {min_rate:.0%}"
+        )
     if exploit_flag:
-        reasons.append("the policy's simulator returns significantly exceed what the model of reality gives it from the "
-                       "same initial conditions: its success relies on the simulator")
-    return {"min_episodes": min_eps, "min_success_rate": min_rate, "episodes": n, "success_rate": rate,
-            "passed": not reasons, "reasons": reasons}
+        reasons.append(
+            "the policy's simulator returns significantly exceed what the model of reality gives it from the "
+            "same initial conditions: its success relies on the simulator"
+        )
+    return {
+        "min_episodes": min_eps,
+        "min_success_rate": min_rate,
+        "episodes": n,
+        "success_rate": rate,
+        "passed": not reasons,
+        "reasons": reasons,
+    }
 
 
 def _quantiles(x: np.ndarray) -> dict:

@@ -15,6 +15,7 @@ reward of step t (from o_t under a_t to o_{t+1}). The first imagined row is `con
 the last observed state under the logged command a_{context-1} (the policy's own action on o_{context-1},
 which the model saw); rewards r_t for t < context - 1 are the simulator's in both returns.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,10 +25,10 @@ import numpy as np
 import torch
 
 from wmcheck.datasets.episode import Episode
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import SpaceCodec
 from wmcheck.datasets.windows import Batch, episode_steps
-from wmcheck.datasets.errors import UserError
 from wmcheck.worldmodel.rssm import State
 
 
@@ -63,8 +64,16 @@ class ClosedLoop:
         return np.where(self.alive, self.rewards, 0.0).sum(-1)
 
 
-def closed_loop(model, norm: Normalizer, episodes: list[Episode], policy, codec: SpaceCodec, env,
-                context: int, cfg: ClosedLoopConfig | None = None) -> ClosedLoop:
+def closed_loop(
+    model,
+    norm: Normalizer,
+    episodes: list[Episode],
+    policy,
+    codec: SpaceCodec,
+    env,
+    context: int,
+    cfg: ClosedLoopConfig | None = None,
+) -> ClosedLoop:
     """Roll `policy` out inside `model` from each episode's first `context` steps (module docstring).
 
     `policy`, `codec` and `env` are the ones that recorded the episodes (`datasets.record`): the
@@ -75,8 +84,10 @@ def closed_loop(model, norm: Normalizer, episodes: list[Episode], policy, codec:
     cfg = cfg or ClosedLoopConfig()
     short = [e.id for e in episodes if e.num_steps < context]
     if short:
-        raise UserError(f"episodes {short[:5]} have fewer than {context} steps: the model cannot observe their context",
-                        f"record episodes of at least {context + 1} steps")
+        raise UserError(
+            f"episodes {short[:5]} have fewer than {context} steps: the model cannot observe their context",
+            f"record episodes of at least {context + 1} steps",
+        )
     n, S = len(episodes), cfg.samples
     D, A, E = norm.dims
     T = max(e.num_steps for e in episodes) + 1
@@ -92,9 +103,12 @@ def closed_loop(model, norm: Normalizer, episodes: list[Episode], policy, codec:
         out = _rollout_chunk(model, norm, [episodes[i] for i, _ in chunk], policy, codec, env, context)
         Tc = out[0].shape[1]  # this chunk's longest episode (+1): the rest stays padding
         for j, (i, s) in enumerate(chunk):
-            obs[i, s, :Tc], actions[i, s, : Tc - 1], rewards[i, s, : Tc - 1], alive[i, s, : Tc - 1] = (x[j] for x in out)
-    return ClosedLoop([int(e.id) for e in episodes], context, obs, actions, rewards, alive,
-                      np.array([e.num_steps for e in episodes]))
+            obs[i, s, :Tc], actions[i, s, : Tc - 1], rewards[i, s, : Tc - 1], alive[i, s, : Tc - 1] = (
+                x[j] for x in out
+            )
+    return ClosedLoop(
+        [int(e.id) for e in episodes], context, obs, actions, rewards, alive, np.array([e.num_steps for e in episodes])
+    )
 
 
 @torch.no_grad()
@@ -105,8 +119,12 @@ def _rollout_chunk(model, norm: Normalizer, eps: list[Episode], policy, codec: S
     D, A, E = norm.dims
     T = max(e.num_steps for e in eps) + 1
     steps = [episode_steps(e, norm) for e in eps]
-    ctx = Batch(*(np.stack([getattr(s, f)[:C] for s in steps]) for f in
-                  ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal"))).to_torch()  # (B, C, ...)
+    ctx = Batch(
+        *(
+            np.stack([getattr(s, f)[:C] for s in steps])
+            for f in ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
+        )
+    ).to_torch()  # (B, C, ...)
     _, state = model.observe(ctx)  # carry at row C - 1
     obs = np.full((B, T, D), np.nan, np.float32)
     actions = np.full((B, T - 1, A), np.nan, np.float32)
@@ -127,7 +145,9 @@ def _rollout_chunk(model, norm: Normalizer, eps: list[Episode], policy, codec: S
     obs_shape = env.observation_space.shape
     for t in range(C - 1, T - 1):  # step t: row t -> row t + 1 under a_t
         inp = np.stack([s.prev_input[t + 1] if t + 1 < len(s) else np.zeros(E, np.float32) for s in steps])  # (B, E)
-        imagined = model.imagine(state, torch.as_tensor(act_norm[:, None]), torch.as_tensor(inp[:, None]))  # (B, 1, ...)
+        imagined = model.imagine(
+            state, torch.as_tensor(act_norm[:, None]), torch.as_tensor(inp[:, None])
+        )  # (B, 1, ...)
         state = State(imagined.deter[:, 0], imagined.stoch[:, 0])  # (B, ...)
         mean, _ = model.decode(imagined)  # (B, 1, D) symlog of normalised obs
         nxt = norm.denorm_obs(model.to_obs(mean)[:, 0].float().numpy())  # (B, D) raw
@@ -147,9 +167,11 @@ def _rollout_chunk(model, norm: Normalizer, eps: list[Episode], policy, codec: S
             try:
                 a = policies[b](raw)
             except Exception as exc:  # a user's policy: name the state it failed on
-                raise UserError(f"the policy failed on a model-predicted observation {np.round(nxt[b], 4).tolist()} "
-                                f"(episode {eps[b].id}, step {t + 1}): {type(exc).__name__}: {exc}",
-                                "make the policy accept any observation of the space's shape") from None
+                raise UserError(
+                    f"the policy failed on a model-predicted observation {np.round(nxt[b], 4).tolist()} "
+                    f"(episode {eps[b].id}, step {t + 1}): {type(exc).__name__}: {exc}",
+                    "make the policy accept any observation of the space's shape",
+                ) from None
             actions[b, t + 1] = codec.action(a, env)[1]
         act_norm = norm.norm_action(np.nan_to_num(actions[:, t + 1])).astype(np.float32)  # (B, A)
     return obs, actions, rewards, alive

@@ -24,6 +24,7 @@ which `wmcheck.datasets.record.make_env` accepts; from the CLI:
 
 (the CLI's --source offers only sim/policy; `record_to_log(..., source="real")` writes a "real" log).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wmcheck.checks.reality_wrappers import ActionLatency, ActuatorGap, PhysicsGap, SensorGap, VisualGap, _jsonable
-from wmcheck.datasets.record import make_env, record_episodes
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.record import make_env, record_episodes
 
 PROFILE_VERSION = 1
 REALITY_ENV = "wmcheck.checks.reality:make_reality_env"  # the "module:callable" id recorders accept
@@ -78,24 +79,36 @@ class RealityProfile:
     """A label for benchmarks and reports (e.g. "latency=2"); not a gap."""
 
     def __post_init__(self):
-        if isinstance(self.latency_steps, bool) or int(self.latency_steps) != self.latency_steps \
-                or self.latency_steps < 0:
-            raise UserError(f"latency_steps must be a whole number >= 0, got {self.latency_steps!r}",
-                            "e.g. latency_steps=2")
+        if (
+            isinstance(self.latency_steps, bool)
+            or int(self.latency_steps) != self.latency_steps
+            or self.latency_steps < 0
+        ):
+            raise UserError(
+                f"latency_steps must be a whole number >= 0, got {self.latency_steps!r}", "e.g. latency_steps=2"
+            )
         self.latency_steps = int(self.latency_steps)
         if self.sensor_drift_mode not in ("ramp", "walk"):
-            raise UserError(f"sensor_drift_mode must be 'ramp' or 'walk', got {self.sensor_drift_mode!r}",
-                            'use "ramp" (drift * t) or "walk" (random walk)')
+            raise UserError(
+                f"sensor_drift_mode must be 'ramp' or 'walk', got {self.sensor_drift_mode!r}",
+                'use "ramp" (drift * t) or "walk" (random walk)',
+            )
         if not isinstance(self.physics, dict) or not all(isinstance(k, str) for k in self.physics):
-            raise UserError(f"physics must map parameter names to changes, got {self.physics!r}",
-                            'e.g. {"m": 1.2} or {"dof_damping": {"scale": 1.5}}')
+            raise UserError(
+                f"physics must map parameter names to changes, got {self.physics!r}",
+                'e.g. {"m": 1.2} or {"dof_damping": {"scale": 1.5}}',
+            )
         for f in dataclasses.fields(self):  # numpy in, plain lists/numbers stored: JSON-safe as it stands
             setattr(self, f.name, _jsonable(getattr(self, f.name)))
-        for name, ok, rule in (("actuator_deadband", lambda x: x >= 0, ">= 0"),
-                               ("actuator_saturation", lambda x: x > 0, "> 0"),
-                               ("sensor_noise_std", lambda x: x >= 0, ">= 0"),
-                               ("visual_brightness", lambda x: x >= 0, ">= 0"), ("visual_colour", lambda x: x >= 0, ">= 0"),
-                               ("visual_blur", lambda x: x >= 0, ">= 0"), ("visual_noise_std", lambda x: x >= 0, ">= 0")):
+        for name, ok, rule in (
+            ("actuator_deadband", lambda x: x >= 0, ">= 0"),
+            ("actuator_saturation", lambda x: x > 0, "> 0"),
+            ("sensor_noise_std", lambda x: x >= 0, ">= 0"),
+            ("visual_brightness", lambda x: x >= 0, ">= 0"),
+            ("visual_colour", lambda x: x >= 0, ">= 0"),
+            ("visual_blur", lambda x: x >= 0, ">= 0"),
+            ("visual_noise_std", lambda x: x >= 0, ">= 0"),
+        ):
             v = getattr(self, name)
             if v is not None and not all(ok(x) for x in (v if isinstance(v, list) else [v])):
                 raise UserError(f"{name} must be {rule}, got {v!r}", f"give {name} as magnitudes {rule}")
@@ -104,12 +117,14 @@ class RealityProfile:
         return {"version": PROFILE_VERSION, **dataclasses.asdict(self)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RealityProfile":
+    def from_dict(cls, d: dict) -> RealityProfile:
         d = dict(d)
         version = d.pop("version", PROFILE_VERSION)
         if version != PROFILE_VERSION:
-            raise UserError(f"reality profile version {version} is not supported (this is version {PROFILE_VERSION})",
-                            "re-create the profile with this wmcheck")
+            raise UserError(
+                f"reality profile version {version} is not supported (this is version {PROFILE_VERSION})",
+                "re-create the profile with this wmcheck",
+            )
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(d) - set(names))
         if unknown:
@@ -128,23 +143,46 @@ class RealityProfile:
         parts = []
         if self.latency_steps:
             parts.append(f"latency {self.latency_steps} step{'s' if self.latency_steps > 1 else ''}")
-        act = [f"{k} {_fmt(v)}" for k, v in (("gain", self.actuator_gain), ("offset", self.actuator_offset),
-               ("deadband", self.actuator_deadband), ("saturation", self.actuator_saturation)) if v is not None]
+        act = [
+            f"{k} {_fmt(v)}"
+            for k, v in (
+                ("gain", self.actuator_gain),
+                ("offset", self.actuator_offset),
+                ("deadband", self.actuator_deadband),
+                ("saturation", self.actuator_saturation),
+            )
+            if v is not None
+        ]
         if act:
             parts.append("actuator " + ", ".join(act))
-        sen = [f"{k} {_fmt(v)}" for k, v in (("bias", self.sensor_bias), ("noise std", self.sensor_noise_std))
-               if v is not None]
+        sen = [
+            f"{k} {_fmt(v)}"
+            for k, v in (("bias", self.sensor_bias), ("noise std", self.sensor_noise_std))
+            if v is not None
+        ]
         if self.sensor_drift is not None:
             sen.append(f"drift {_fmt(self.sensor_drift)}/step ({self.sensor_drift_mode})")
         if sen:
             parts.append("sensor " + ", ".join(sen))
-        vis = [f"{k} {_fmt(v)}" for k, v in (("brightness", self.visual_brightness), ("colour", self.visual_colour),
-               ("blur", self.visual_blur), ("noise std", self.visual_noise_std)) if v is not None]
+        vis = [
+            f"{k} {_fmt(v)}"
+            for k, v in (
+                ("brightness", self.visual_brightness),
+                ("colour", self.visual_colour),
+                ("blur", self.visual_blur),
+                ("noise std", self.visual_noise_std),
+            )
+            if v is not None
+        ]
         if vis:
             parts.append("visual " + ", ".join(vis))
         if self.physics:
-            phys = [f"{k} x{_fmt(c['scale'])}" if isinstance(c, dict) and "scale" in c
-                    else f"{k}={_fmt(c['value'] if isinstance(c, dict) else c)}" for k, c in self.physics.items()]
+            phys = [
+                f"{k} x{_fmt(c['scale'])}"
+                if isinstance(c, dict) and "scale" in c
+                else f"{k}={_fmt(c['value'] if isinstance(c, dict) else c)}"
+                for k, c in self.physics.items()
+            ]
             parts.append("physics " + ", ".join(phys))
         return parts
 
@@ -155,8 +193,9 @@ def _fmt(v) -> str:
     return f"{v:g}" if isinstance(v, (int, float)) else str(v)
 
 
-def make_reality_env(env_id: str, profile: RealityProfile | dict | None = None, env_kwargs: dict | None = None,
-                     **render_kwargs):
+def make_reality_env(
+    env_id: str, profile: RealityProfile | dict | None = None, env_kwargs: dict | None = None, **render_kwargs
+):
     """The env `env_id` (registered id or "module:Class") with the profile's gaps (see module docstring).
 
     render_kwargs (render_mode, width, height) go to the base env, so recorders can store frames."""
@@ -171,8 +210,7 @@ def make_reality_env(env_id: str, profile: RealityProfile | dict | None = None, 
         env = PhysicsGap(env, **p.physics)
         env = ActuatorGap(env, p.actuator_gain, p.actuator_offset, p.actuator_deadband, p.actuator_saturation)
         env = ActionLatency(env, p.latency_steps)
-        env = SensorGap(env, p.sensor_bias, p.sensor_noise_std, p.sensor_drift, seed=p.seed,
-                        drift=p.sensor_drift_mode)
+        env = SensorGap(env, p.sensor_bias, p.sensor_noise_std, p.sensor_drift, seed=p.seed, drift=p.sensor_drift_mode)
         return VisualGap(env, p.visual_brightness, p.visual_colour, p.visual_blur, p.visual_noise_std, seed=p.seed)
     except BaseException:
         env.close()
@@ -187,17 +225,35 @@ def reality_env_args(env_id: str, profile: RealityProfile | dict, env_kwargs: di
     return REALITY_ENV, {"env_id": env_id, "profile": d, "env_kwargs": dict(env_kwargs or {})}
 
 
-def record_reality(env_id: str, profile: RealityProfile | dict, policy="random", episodes: int = 1,
-                   max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None,
-                   render: tuple[int, int] | None = None):
+def record_reality(
+    env_id: str,
+    profile: RealityProfile | dict,
+    policy="random",
+    episodes: int = 1,
+    max_steps: int | None = None,
+    seed: int = 0,
+    env_kwargs: dict | None = None,
+    render: tuple[int, int] | None = None,
+):
     """`record_episodes` from the reality (same seeding: episode i resets with seed + i); render=(W, H)
     stores its camera frames (visual gaps included)."""
     rid, kw = reality_env_args(env_id, profile, env_kwargs)
     return record_episodes(rid, policy, episodes, max_steps, seed, kw, render=render)
 
 
-GAP_KINDS = ("latency", "actuator_gain", "actuator_offset", "actuator_deadband", "sensor_noise", "sensor_bias",
-             "sensor_drift", "dynamics", "visual_brightness", "visual_blur", "visual_noise")
+GAP_KINDS = (
+    "latency",
+    "actuator_gain",
+    "actuator_offset",
+    "actuator_deadband",
+    "sensor_noise",
+    "sensor_bias",
+    "sensor_drift",
+    "dynamics",
+    "visual_brightness",
+    "visual_blur",
+    "visual_noise",
+)
 
 
 def single_gap_profiles(kind: str, severities, parameter: str | None = None, seed: int = 0) -> list[RealityProfile]:
@@ -213,8 +269,10 @@ def single_gap_profiles(kind: str, severities, parameter: str | None = None, see
     if kind not in GAP_KINDS:
         raise UserError(f"unknown gap kind {kind!r}", f"use one of: {', '.join(GAP_KINDS)}")
     if kind == "dynamics" and not parameter:
-        raise UserError("the dynamics gap needs the physical parameter to scale",
-                        'pass parameter=, e.g. "m" (Pendulum) or "dof_damping" (MuJoCo)')
+        raise UserError(
+            "the dynamics gap needs the physical parameter to scale",
+            'pass parameter=, e.g. "m" (Pendulum) or "dof_damping" (MuJoCo)',
+        )
     profiles = []
     for s in severities:
         s = float(s)
@@ -227,10 +285,17 @@ def single_gap_profiles(kind: str, severities, parameter: str | None = None, see
                 raise UserError(f"dynamics severity {s} scales {parameter} by {1 + s}", "give severities > -1")
             kw = {"physics": {parameter: {"scale": 1 + s}} if s else {}}
         else:
-            key = {"actuator_gain": "actuator_gain", "actuator_offset": "actuator_offset",
-                   "actuator_deadband": "actuator_deadband", "sensor_noise": "sensor_noise_std",
-                   "sensor_bias": "sensor_bias", "sensor_drift": "sensor_drift", "visual_brightness": "visual_brightness",
-                   "visual_blur": "visual_blur", "visual_noise": "visual_noise_std"}[kind]
+            key = {
+                "actuator_gain": "actuator_gain",
+                "actuator_offset": "actuator_offset",
+                "actuator_deadband": "actuator_deadband",
+                "sensor_noise": "sensor_noise_std",
+                "sensor_bias": "sensor_bias",
+                "sensor_drift": "sensor_drift",
+                "visual_brightness": "visual_brightness",
+                "visual_blur": "visual_blur",
+                "visual_noise": "visual_noise_std",
+            }[kind]
             kw = {key: (1 + s if kind in ("actuator_gain", "visual_brightness") else s) if s else None}
         label = f"{kind}({parameter})={s:g}" if kind == "dynamics" else f"{kind}={s:g}"
         profiles.append(RealityProfile(**kw, seed=seed, name=label))

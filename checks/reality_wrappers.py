@@ -14,6 +14,7 @@ and `SensorGap` adds `info["reality"]["observation_clean"]` (the uncorrupted obs
 truth for benchmarks, never seen by a recorder, which stores only observations and actions.
 Per-channel parameters are scalars (broadcast to every channel) or arrays of the space's shape.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,10 @@ def _per_channel(value, shape, name: str, default: float) -> np.ndarray:
     try:
         x = np.broadcast_to(x, shape).copy()
     except ValueError:
-        raise UserError(f"{name} has shape {x.shape}, the space has shape {shape}",
-                        f"give {name} as one number or one value per channel {shape}") from None
+        raise UserError(
+            f"{name} has shape {x.shape}, the space has shape {shape}",
+            f"give {name} as one number or one value per channel {shape}",
+        ) from None
     if np.isnan(x).any():
         raise UserError(f"{name} contains NaN: {value!r}", f"give finite numbers for {name}")
     return x
@@ -114,22 +117,27 @@ class ActuatorGap(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
     """
 
     def __init__(self, env: gym.Env, gain=None, offset=None, deadband=None, saturation=None):
-        gym.utils.RecordConstructorArgs.__init__(self, gain=gain, offset=offset, deadband=deadband,
-                                                 saturation=saturation)
+        gym.utils.RecordConstructorArgs.__init__(
+            self, gain=gain, offset=offset, deadband=deadband, saturation=saturation
+        )
         gym.ActionWrapper.__init__(self, env)
         self.active = any(v is not None for v in (gain, offset, deadband, saturation))
         space = env.action_space
         if self.active and not isinstance(space, spaces.Box):
-            raise UserError(f"ActuatorGap needs a Box action space, {type(env.unwrapped).__name__} has {space}",
-                            "drop the actuator gap for discrete actions (use ActionLatency or PhysicsGap)")
+            raise UserError(
+                f"ActuatorGap needs a Box action space, {type(env.unwrapped).__name__} has {space}",
+                "drop the actuator gap for discrete actions (use ActionLatency or PhysicsGap)",
+            )
         shape = getattr(space, "shape", ())
         self.gain = _per_channel(gain, shape, "actuator gain", 1.0)
         self.offset = _per_channel(offset, shape, "actuator offset", 0.0)
         self.deadband = _per_channel(deadband, shape, "actuator deadband", 0.0)
         self.saturation = _per_channel(saturation, shape, "actuator saturation", np.inf)
         if (self.deadband < 0).any() or (self.saturation <= 0).any():
-            raise UserError(f"actuator deadband must be >= 0 and saturation > 0, got {deadband!r} and {saturation!r}",
-                            "give magnitudes in action units, e.g. deadband=0.05, saturation=1.5")
+            raise UserError(
+                f"actuator deadband must be >= 0 and saturation > 0, got {deadband!r} and {saturation!r}",
+                "give magnitudes in action units, e.g. deadband=0.05, saturation=1.5",
+            )
 
     def action(self, action):
         if not self.active:
@@ -143,8 +151,12 @@ class ActuatorGap(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
-        params = {"gain": self.gain, "offset": self.offset, "deadband": self.deadband,
-                  "saturation": None if np.isinf(self.saturation).all() else self.saturation}
+        params = {
+            "gain": self.gain,
+            "offset": self.offset,
+            "deadband": self.deadband,
+            "saturation": None if np.isinf(self.saturation).all() else self.saturation,
+        }
         return obs, _with_reality(info, "actuator", _jsonable(params))
 
     def step(self, action):
@@ -168,16 +180,20 @@ class SensorGap(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
     channels shift by the bias. Box observations only; with no parameter given it is the identity.
     """
 
-    def __init__(self, env: gym.Env, bias=None, noise_std=None, drift_per_step=None, seed: int | None = None,
-                 drift: str = "ramp"):
-        gym.utils.RecordConstructorArgs.__init__(self, bias=bias, noise_std=noise_std, drift_per_step=drift_per_step,
-                                                 seed=seed, drift=drift)
+    def __init__(
+        self, env: gym.Env, bias=None, noise_std=None, drift_per_step=None, seed: int | None = None, drift: str = "ramp"
+    ):
+        gym.utils.RecordConstructorArgs.__init__(
+            self, bias=bias, noise_std=noise_std, drift_per_step=drift_per_step, seed=seed, drift=drift
+        )
         gym.ObservationWrapper.__init__(self, env)
         self.active = any(v is not None for v in (bias, noise_std, drift_per_step))
         space = env.observation_space
         if self.active and not isinstance(space, spaces.Box):
-            raise UserError(f"SensorGap needs a Box observation space, got {space}",
-                            "flatten Dict observations first (gymnasium.wrappers.FlattenObservation)")
+            raise UserError(
+                f"SensorGap needs a Box observation space, got {space}",
+                "flatten Dict observations first (gymnasium.wrappers.FlattenObservation)",
+            )
         if drift not in ("ramp", "walk"):
             raise UserError(f"sensor drift mode must be 'ramp' or 'walk', got {drift!r}", "use drift='ramp'")
         shape = getattr(space, "shape", ())
@@ -185,8 +201,10 @@ class SensorGap(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
         self.noise_std = _per_channel(noise_std, shape, "sensor noise_std", 0.0)
         self.drift_per_step = _per_channel(drift_per_step, shape, "sensor drift_per_step", 0.0)
         if (self.noise_std < 0).any() or (drift == "walk" and (self.drift_per_step < 0).any()):
-            raise UserError("sensor noise_std (and a walk's drift_per_step) must be >= 0",
-                            "give standard deviations in observation units")
+            raise UserError(
+                "sensor noise_std (and a walk's drift_per_step) must be >= 0",
+                "give standard deviations in observation units",
+            )
         self.drift_mode, self.seed = drift, seed
         self.rng = np.random.default_rng(None if seed is None else [_SENSOR_RNG_TAG, int(seed)])
         self._t, self._walk = 0, np.zeros(shape)
@@ -194,8 +212,7 @@ class SensorGap(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
             unbounded = (self.noise_std > 0) | (self.drift_per_step != 0)
             low = np.where(unbounded, -np.inf, space.low + self.bias)
             high = np.where(unbounded, np.inf, space.high + self.bias)
-            self.observation_space = spaces.Box(low.astype(space.dtype), high.astype(space.dtype),
-                                                shape, space.dtype)
+            self.observation_space = spaces.Box(low.astype(space.dtype), high.astype(space.dtype), shape, space.dtype)
 
     def observation(self, observation):
         """The corrupted observation at the current step count (draws noise: call once per step)."""
@@ -214,8 +231,13 @@ class SensorGap(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
             tail = [] if self.seed is None else [int(self.seed)]
             self.rng = np.random.default_rng([_SENSOR_RNG_TAG, int(seed), *tail])
         self._t, self._walk = 0, np.zeros_like(self._walk)
-        params = {"bias": self.bias, "noise_std": self.noise_std, "drift_per_step": self.drift_per_step,
-                  "drift": self.drift_mode, "seed": self.seed}
+        params = {
+            "bias": self.bias,
+            "noise_std": self.noise_std,
+            "drift_per_step": self.drift_per_step,
+            "drift": self.drift_mode,
+            "seed": self.seed,
+        }
         info = _with_reality(info, "sensor", _jsonable(params))
         if self.active:
             info = _with_reality(info, "observation_clean", _jsonable(obs))
@@ -236,8 +258,18 @@ class SensorGap(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
 
 _MJ_PREFIXES = ("body_", "dof_", "geom_", "jnt_", "actuator_", "tendon_", "pair_", "opt.")
 # Computed from the other fields by mj_setConst, which PhysicsGap runs: a change to them would be undone.
-_MJ_DERIVED = {"body_subtreemass", "body_invweight0", "dof_invweight0", "dof_M0", "tendon_invweight0",
-               "tendon_length0", "actuator_acc0", "actuator_length0", "flexedge_invweight0", "flexedge_length0"}
+_MJ_DERIVED = {
+    "body_subtreemass",
+    "body_invweight0",
+    "dof_invweight0",
+    "dof_M0",
+    "tendon_invweight0",
+    "tendon_length0",
+    "actuator_acc0",
+    "actuator_length0",
+    "flexedge_invweight0",
+    "flexedge_length0",
+}
 
 
 def _is_mujoco(unwrapped) -> bool:
@@ -249,13 +281,25 @@ def _available(unwrapped) -> list[str]:
     """The names PhysicsGap accepts for this env (for MuJoCo: the physical groups of float fields)."""
     if _is_mujoco(unwrapped):
         m = unwrapped.model
-        fields = [n for n in dir(m) if not n.startswith("_") and n not in _MJ_DERIVED
-                  and isinstance(getattr(m, n), np.ndarray) and getattr(m, n).dtype.kind == "f"]
-        opts = [f"opt.{n}" for n in dir(m.opt) if not n.startswith("_")
-                and isinstance(getattr(m.opt, n), (float, np.ndarray))]
+        fields = [
+            n
+            for n in dir(m)
+            if not n.startswith("_")
+            and n not in _MJ_DERIVED
+            and isinstance(getattr(m, n), np.ndarray)
+            and getattr(m, n).dtype.kind == "f"
+        ]
+        opts = [
+            f"opt.{n}"
+            for n in dir(m.opt)
+            if not n.startswith("_") and isinstance(getattr(m.opt, n), (float, np.ndarray))
+        ]
         return sorted(fields + opts)
-    return sorted(k for k, v in vars(unwrapped).items() if not k.startswith("_")
-                  and isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_)))
+    return sorted(
+        k
+        for k, v in vars(unwrapped).items()
+        if not k.startswith("_") and isinstance(v, (int, float, np.number)) and not isinstance(v, (bool, np.bool_))
+    )
 
 
 def _new_value(name: str, current, change):
@@ -266,8 +310,10 @@ def _new_value(name: str, current, change):
         if set(change) == {"value"}:
             change = change["value"]
         else:
-            raise UserError(f"physics change for {name} has keys {sorted(change)}",
-                            'give a number or array (absolute), {"scale": s} or {"value": v}')
+            raise UserError(
+                f"physics change for {name} has keys {sorted(change)}",
+                'give a number or array (absolute), {"scale": s} or {"value": v}',
+            )
     return np.asarray(change, np.float64)
 
 
@@ -292,25 +338,37 @@ class PhysicsGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
         unknown = [n for n in changes if n not in available]
         if unknown:
             close = sorted({c for n in unknown for c in difflib.get_close_matches(n, available, n=3)})
-            shown = available if not _is_mujoco(u) else [
-                n for n in available if n.startswith(_MJ_PREFIXES) and not n.endswith(("_user", "_rgba", "_aabb"))]
+            shown = (
+                available
+                if not _is_mujoco(u)
+                else [
+                    n for n in available if n.startswith(_MJ_PREFIXES) and not n.endswith(("_user", "_rgba", "_aabb"))
+                ]
+            )
             derived = [n for n in unknown if n in _MJ_DERIVED]
-            raise UserError(f"{type(u).__name__} has no physical parameter {', '.join(map(repr, unknown))}"
-                            + (f" (did you mean {', '.join(close)}?)" if close else "")
-                            + (f"; {', '.join(derived)} are derived by MuJoCo from the others" if derived else ""),
-                            f"use one of: {', '.join(shown)}")
+            raise UserError(
+                f"{type(u).__name__} has no physical parameter {', '.join(map(repr, unknown))}"
+                + (f" (did you mean {', '.join(close)}?)" if close else "")
+                + (f"; {', '.join(derived)} are derived by MuJoCo from the others" if derived else ""),
+                f"use one of: {', '.join(shown)}",
+            )
         self.changes = dict(changes)
         self.applied = {}  # name -> {"before": ..., "after": ...}, JSON-safe
         for name, change in changes.items():
-            owner, attr = (u.model.opt, name[4:]) if name.startswith("opt.") else (
-                (u.model, name) if _is_mujoco(u) else (u, name))
+            owner, attr = (
+                (u.model.opt, name[4:])
+                if name.startswith("opt.")
+                else ((u.model, name) if _is_mujoco(u) else (u, name))
+            )
             before = np.array(getattr(owner, attr), np.float64)
             after = _new_value(name, before, change)
             try:
                 after = np.broadcast_to(after, before.shape).copy()
             except ValueError:
-                raise UserError(f"physics change for {name} has shape {after.shape}, the parameter has shape "
-                                f"{before.shape}", "give one number or an array of the parameter's shape") from None
+                raise UserError(
+                    f"physics change for {name} has shape {after.shape}, the parameter has shape {before.shape}",
+                    "give one number or an array of the parameter's shape",
+                ) from None
             if isinstance(getattr(owner, attr), np.ndarray):
                 getattr(owner, attr)[...] = after
             else:
@@ -357,10 +415,18 @@ class VisualGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
     (H, W, C) uint8 (render_mode="rgb_array").
     """
 
-    def __init__(self, env: gym.Env, brightness: float | None = None, colour=None, blur: float | None = None,
-                 noise_std: float | None = None, seed: int | None = 0):
-        gym.utils.RecordConstructorArgs.__init__(self, brightness=brightness, colour=colour, blur=blur,
-                                                 noise_std=noise_std, seed=seed)
+    def __init__(
+        self,
+        env: gym.Env,
+        brightness: float | None = None,
+        colour=None,
+        blur: float | None = None,
+        noise_std: float | None = None,
+        seed: int | None = 0,
+    ):
+        gym.utils.RecordConstructorArgs.__init__(
+            self, brightness=brightness, colour=colour, blur=blur, noise_std=noise_std, seed=seed
+        )
         gym.Wrapper.__init__(self, env)
         for name, v in (("brightness", brightness), ("blur", blur), ("noise_std", noise_std)):
             if v is not None and not (np.isfinite(v) and v >= 0):
@@ -377,8 +443,13 @@ class VisualGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if seed is not None:
             tail = [] if self.seed is None else [int(self.seed)]
             self.rng = np.random.default_rng([_SENSOR_RNG_TAG + 1, int(seed), *tail])
-        params = {"brightness": self.brightness, "colour": self.colour, "blur": self.blur,
-                  "noise_std": self.noise_std, "seed": self.seed}
+        params = {
+            "brightness": self.brightness,
+            "colour": self.colour,
+            "blur": self.blur,
+            "noise_std": self.noise_std,
+            "seed": self.seed,
+        }
         return obs, _with_reality(info, "visual", _jsonable(params))
 
     def render(self):
@@ -389,13 +460,17 @@ class VisualGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
         """The visual gap applied to one (H, W, C) uint8 frame."""
         frame = np.asarray(frame)
         if frame.ndim != 3 or frame.dtype != np.uint8:
-            raise UserError(f"VisualGap needs (H, W, C) uint8 frames, the env rendered {frame.shape} {frame.dtype}",
-                            'make the env with render_mode="rgb_array"')
+            raise UserError(
+                f"VisualGap needs (H, W, C) uint8 frames, the env rendered {frame.shape} {frame.dtype}",
+                'make the env with render_mode="rgb_array"',
+            )
         x = frame.astype(np.float64)  # (H, W, C)
         if self.colour is not None:
             if self.colour.size not in (1, x.shape[2]):
-                raise UserError(f"visual colour has {self.colour.size} gains for {x.shape[2]} channels",
-                                "give one gain per colour channel")
+                raise UserError(
+                    f"visual colour has {self.colour.size} gains for {x.shape[2]} channels",
+                    "give one gain per colour channel",
+                )
             x = x * self.colour
         if self.brightness is not None:
             x = x * self.brightness

@@ -24,6 +24,7 @@ it; the materiality rule and the ordering by p-value keep the driving channel fi
 Only competent blocks enter the test and the effect; bins where most checked steps are outside
 competence are listed as `not_competent` instead.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,14 +69,19 @@ def _median_err(err: np.ndarray, in_bin: np.ndarray) -> float:
     return float(np.median(vals)) if len(vals) else float("nan")
 
 
-def _bootstrap_ci(err: np.ndarray, in_bin: np.ndarray, reps: int, rng: np.random.Generator,
-                  groups: np.ndarray | None = None) -> list[float]:
+def _bootstrap_ci(
+    err: np.ndarray, in_bin: np.ndarray, reps: int, rng: np.random.Generator, groups: np.ndarray | None = None
+) -> list[float]:
     """95% interval of the median error in the bin, resampling whole episodes (`groups`: each
     block's episode) or, without labels, whole blocks."""
     rows = np.flatnonzero(in_bin.any(1))
     if len(rows) < 2:
         return [float("nan"), float("nan")]
-    units = [rows[groups[rows] == g] for g in np.unique(groups[rows])] if groups is not None else [rows[i : i + 1] for i in range(len(rows))]
+    units = (
+        [rows[groups[rows] == g] for g in np.unique(groups[rows])]
+        if groups is not None
+        else [rows[i : i + 1] for i in range(len(rows))]
+    )
     meds = []
     for _ in range(reps):
         pick = np.concatenate([units[i] for i in rng.integers(0, len(units), len(units))])
@@ -84,11 +90,24 @@ def _bootstrap_ci(err: np.ndarray, in_bin: np.ndarray, reps: int, rng: np.random
     return [float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))]
 
 
-def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_controls: np.ndarray, competent: np.ndarray,
-                 real_z: np.ndarray, real_err: np.ndarray, real_controls: np.ndarray,
-                 control_names: list[str], obs_names: list[str], units: dict[str, str], alpha: float,
-                 cfg: RegimeConfig | None = None, seed: int = 0, training_range: np.ndarray | None = None,
-                 checked_episode: np.ndarray | None = None, real_episode: np.ndarray | None = None) -> dict:
+def find_regimes(
+    checked_z: np.ndarray,
+    checked_err: np.ndarray,
+    checked_controls: np.ndarray,
+    competent: np.ndarray,
+    real_z: np.ndarray,
+    real_err: np.ndarray,
+    real_controls: np.ndarray,
+    control_names: list[str],
+    obs_names: list[str],
+    units: dict[str, str],
+    alpha: float,
+    cfg: RegimeConfig | None = None,
+    seed: int = 0,
+    training_range: np.ndarray | None = None,
+    checked_episode: np.ndarray | None = None,
+    real_episode: np.ndarray | None = None,
+) -> dict:
     """Regimes of the operating conditions where the checked data diverge.
 
     checked_z / checked_err: (n, H, D) standardised and physical-unit open-loop errors of the
@@ -116,7 +135,11 @@ def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_control
         unit = units.get(name, "")
         cvals, rvals = checked_controls[..., k], real_controls[..., k]  # (n, H), (m, H)
         cbin, rbin = _bin_of(cvals, edges), _bin_of(rvals, edges)
-        t_lo, t_hi = (edges[0], edges[-1]) if training_range is None else (float(training_range[k][0]), float(training_range[k][1]))
+        t_lo, t_hi = (
+            (edges[0], edges[-1])
+            if training_range is None
+            else (float(training_range[k][0]), float(training_range[k][1]))
+        )
         tol = 1e-4 * max(t_hi - t_lo, 1e-12)  # the controls went through normalise / denormalise (float32)
         lo_out, hi_out = cvals < t_lo - tol, cvals > t_hi + tol
         bins, masks = [], []
@@ -135,18 +158,30 @@ def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_control
                 p = clustered_mann_whitney(x, checked_episode[kx], y, real_episode[ky], rng)
             effect = _effect(checked_err, real_err, cin_c, rin, obs_names, units, cfg.bootstrap, rng, checked_episode)
             masks.append((cin_c, rin))
-            bins.append({
-                "range": [_round(edges[j]), _round(edges[j + 1])],
-                "checked_steps": int(cin.sum()), "checked_blocks": int(len(x)), "real_blocks": int(len(y)),
-                "checked_z2": _round(float(cz2[cin_c].mean()) if cin_c.any() else float("nan")),
-                "real_z2": _round(float(rz2[rin].mean()) if rin.any() else float("nan")),
-                "p_value": _round(p), "flagged": bool(tested and p < a_test),
-                "outside_competence_share": round(share_out, 4),
-                "effect": effect,
-            })
-        channels.append({"name": name, "unit": unit, "bins": bins,
-                         "checked_below_real_range": int(lo_out.sum()), "checked_above_real_range": int(hi_out.sum()),
-                         "real_range": [_round(edges[0]), _round(edges[-1])]})
+            bins.append(
+                {
+                    "range": [_round(edges[j]), _round(edges[j + 1])],
+                    "checked_steps": int(cin.sum()),
+                    "checked_blocks": int(len(x)),
+                    "real_blocks": int(len(y)),
+                    "checked_z2": _round(float(cz2[cin_c].mean()) if cin_c.any() else float("nan")),
+                    "real_z2": _round(float(rz2[rin].mean()) if rin.any() else float("nan")),
+                    "p_value": _round(p),
+                    "flagged": bool(tested and p < a_test),
+                    "outside_competence_share": round(share_out, 4),
+                    "effect": effect,
+                }
+            )
+        channels.append(
+            {
+                "name": name,
+                "unit": unit,
+                "bins": bins,
+                "checked_below_real_range": int(lo_out.sum()),
+                "checked_above_real_range": int(hi_out.sum()),
+                "real_range": [_round(edges[0]), _round(edges[-1])],
+            }
+        )
         for run in _runs(bins, lambda b: b["flagged"]):
             # The merged range's effect, from all its steps; reported only when material: the
             # interval excludes 0 and the error exceeds the model's own error on real data there.
@@ -155,35 +190,55 @@ def find_regimes(checked_z: np.ndarray, checked_err: np.ndarray, checked_control
             eff = _effect(checked_err, real_err, cin, rin, obs_names, units, cfg.bootstrap, rng, checked_episode)
             if any(_material(e) for e in eff.values()):
                 regimes.append(_describe(name, unit, [bins[j] for j in run], eff))
-        for run in _runs(bins, lambda b: b["checked_steps"] > 0 and b["outside_competence_share"] >= cfg.not_competent_share):
+        for run in _runs(
+            bins, lambda b: b["checked_steps"] > 0 and b["outside_competence_share"] >= cfg.not_competent_share
+        ):
             not_competent.append(_describe_not_competent(name, unit, [bins[j] for j in run]))
         n_out = int((lo_out | hi_out).sum())
         if n_out:
             src = "the held-out real data" if training_range is None else "the training logs"
-            outside.append({
-                "channel": name, "unit": unit, "range": [_round(t_lo), _round(t_hi)], "steps": n_out,
-                "share": round(n_out / lo_out.size, 6),
-                "text": (f"{n_out} of {lo_out.size} checked steps ({n_out / lo_out.size:.1%}) have {name} outside the "
-                         f"range of {src} [{t_lo:.4g}, {t_hi:.4g}]{_unit(unit)}: the model extrapolates there"),
-            })
+            outside.append(
+                {
+                    "channel": name,
+                    "unit": unit,
+                    "range": [_round(t_lo), _round(t_hi)],
+                    "steps": n_out,
+                    "share": round(n_out / lo_out.size, 6),
+                    "text": (
+                        f"{n_out} of {lo_out.size} checked steps ({n_out / lo_out.size:.1%}) have {name} outside the "
+                        f"range of {src} [{t_lo:.4g}, {t_hi:.4g}]{_unit(unit)}: the model extrapolates there"
+                    ),
+                }
+            )
     regimes.sort(key=lambda r: r["p_value"] if r["p_value"] is not None else 1.0)
     outside.sort(key=lambda r: -r["share"])
-    return {"channels": channels, "regimes": regimes, "not_competent": not_competent,
-            "outside_training_range": outside, "alpha_per_test": a_test,
-            "method": ("per control channel, quantile bins of held-out real values; checked vs real blocks' mean "
-                       "open-loop z^2 in the bin (one-sided Mann-Whitney, clustered by episode, Bonferroni over "
-                       "channels x bins); effect = median of checked - predicted observation, episode-bootstrap 95% interval")}
+    return {
+        "channels": channels,
+        "regimes": regimes,
+        "not_competent": not_competent,
+        "outside_training_range": outside,
+        "alpha_per_test": a_test,
+        "method": (
+            "per control channel, quantile bins of held-out real values; checked vs real blocks' mean "
+            "open-loop z^2 in the bin (one-sided Mann-Whitney, clustered by episode, Bonferroni over "
+            "channels x bins); effect = median of checked - predicted observation, episode-bootstrap 95% interval"
+        ),
+    }
 
 
 def _effect(checked_err, real_err, cin, rin, obs_names, units, reps, rng, groups=None) -> dict:
     """Per observation channel: median checked error in the mask, its bootstrap 95% interval (whole
     episodes when `groups` labels the blocks), and the model's own median error on the real steps
     in the matching mask."""
-    return {obs: {"checked_median_error": _round(_median_err(checked_err[..., d], cin)),
-                  "ci": [_round(v) for v in _bootstrap_ci(checked_err[..., d], cin, reps, rng, groups)],
-                  "real_median_error": _round(_median_err(real_err[..., d], rin)),
-                  "unit": units.get(obs, "")}
-            for d, obs in enumerate(obs_names)}
+    return {
+        obs: {
+            "checked_median_error": _round(_median_err(checked_err[..., d], cin)),
+            "ci": [_round(v) for v in _bootstrap_ci(checked_err[..., d], cin, reps, rng, groups)],
+            "real_median_error": _round(_median_err(real_err[..., d], rin)),
+            "unit": units.get(obs, ""),
+        }
+        for d, obs in enumerate(obs_names)
+    }
 
 
 def _material(e: dict) -> bool:
@@ -209,9 +264,14 @@ def _describe_not_competent(name: str, unit: str, run: list[dict]) -> dict:
     lo, hi = run[0]["range"][0], run[-1]["range"][1]
     steps = sum(b["checked_steps"] for b in run)
     share = sum(b["outside_competence_share"] * b["checked_steps"] for b in run) / max(steps, 1)
-    return {"channel": name, "unit": unit, "range": [lo, hi], "share": round(share, 4),
-            "text": f"{name} {lo:.4g}-{hi:.4g}{_unit(unit)}: {share:.0%} of {steps} checked steps lie outside the model's "
-                    f"competence (unverifiable there)"}
+    return {
+        "channel": name,
+        "unit": unit,
+        "range": [lo, hi],
+        "share": round(share, 4),
+        "text": f"{name} {lo:.4g}-{hi:.4g}{_unit(unit)}: {share:.0%} of {steps} checked steps lie outside the model's "
+        f"competence (unverifiable there)",
+    }
 
 
 def _describe(name: str, unit: str, run: list[dict], effect: dict) -> dict:
@@ -219,27 +279,45 @@ def _describe(name: str, unit: str, run: list[dict], effect: dict) -> dict:
     best = min(run, key=lambda b: b["p_value"])
     # The sentence names the (at most 3) observation channels with the clearest material errors.
     material = [o for o, e in effect.items() if _material(e)]
-    material.sort(key=lambda o: -abs(effect[o]["checked_median_error"]) / max(effect[o]["ci"][1] - effect[o]["ci"][0], 1e-12))
+    material.sort(
+        key=lambda o: -abs(effect[o]["checked_median_error"]) / max(effect[o]["ci"][1] - effect[o]["ci"][0], 1e-12)
+    )
     parts = []
     for obs in material[:3]:
         e = effect[obs]
         med, ci, ref, u = e["checked_median_error"], e["ci"], e["real_median_error"], _unit(e["unit"])
-        parts.append(f"{obs} {abs(med):.3g}{u} {'above' if med > 0 else 'below'} what the model predicts for reality "
-                     f"(median; 95% CI {ci[0]:.3g} to {ci[1]:.3g}{u}; the model's own median error on held-out real "
-                     f"data there: {ref:.2g}{u})")
+        parts.append(
+            f"{obs} {abs(med):.3g}{u} {'above' if med > 0 else 'below'} what the model predicts for reality "
+            f"(median; 95% CI {ci[0]:.3g} to {ci[1]:.3g}{u}; the model's own median error on held-out real "
+            f"data there: {ref:.2g}{u})"
+        )
     if len(material) > 3:
         parts.append(f"and {len(material) - 3} more observation channel(s)")
     shown = material[:3]
-    per_bin = ", ".join(f"{b['range'][0]:.3g}-{b['range'][1]:.3g}: " +
-                        "/".join(f"{b['effect'][o]['checked_median_error']:.3g}" for o in shown
-                                 if b["effect"][o]["checked_median_error"] is not None) for b in run)
+    per_bin = ", ".join(
+        f"{b['range'][0]:.3g}-{b['range'][1]:.3g}: "
+        + "/".join(
+            f"{b['effect'][o]['checked_median_error']:.3g}"
+            for o in shown
+            if b["effect"][o]["checked_median_error"] is not None
+        )
+        for b in run
+    )
     steps = sum(b["checked_steps"] for b in run)
-    return {"channel": name, "unit": unit, "range": [lo, hi], "steps": steps,
-            "blocks": sum(b["checked_blocks"] for b in run), "p_value": best["p_value"], "effect": effect,
-            "bin_medians": per_bin,
-            "text": f"{name} {lo:.4g}-{hi:.4g}{_unit(unit)}: " + "; ".join(parts) +
-                    f" [{steps} checked steps; strongest bin p = {best['p_value']:.2g}; median error per bin "
-                    f"({'/'.join(shown)}) {per_bin}]"}
+    return {
+        "channel": name,
+        "unit": unit,
+        "range": [lo, hi],
+        "steps": steps,
+        "blocks": sum(b["checked_blocks"] for b in run),
+        "p_value": best["p_value"],
+        "effect": effect,
+        "bin_medians": per_bin,
+        "text": f"{name} {lo:.4g}-{hi:.4g}{_unit(unit)}: "
+        + "; ".join(parts)
+        + f" [{steps} checked steps; strongest bin p = {best['p_value']:.2g}; median error per bin "
+        f"({'/'.join(shown)}) {per_bin}]",
+    }
 
 
 def _unit(u: str) -> str:

@@ -4,6 +4,7 @@ Owns the `report.json` content that is not a raw figure: one row per gap (verdic
 decision, evidence, estimate, interval, explanation), the episode entries, the summary message,
 and what to do next per gap. Nothing here decides: every verdict is read from the `Decision`.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,11 +20,11 @@ NEXT_STEPS = {
     "actuator": "calibrate the simulated actuator: apply the estimated gain / offset / deadband to the commands, then re-check",
     "sensor_noise": "match the simulated sensor model to the real residuals: noise level, bias, drift; re-check",
     "dynamics": "revisit the simulator's physics (friction, damping, mass, contact) on the channels and horizons listed; "
-                "system-identify them from the real logs",
+    "system-identify them from the real logs",
     "distribution": "collect real logs in the states the checked episodes visit, or restrict the task / initial-state "
-                    "distribution to what the logs cover",
+    "distribution to what the logs cover",
     "visual": "match the simulator's rendering to the camera (lighting, exposure, colour, textures, blur, noise) as the "
-              "photometric statistics say, or widen visual domain randomisation over them; re-check",
+    "photometric statistics say, or widen visual domain randomisation over them; re-check",
 }
 
 
@@ -37,8 +38,13 @@ def rlist(a) -> list:
 
 
 def _row(g: GapEvidence, verdict: str, estimate, ci, explanation: str, **extra) -> dict:
-    out = {"verdict": verdict, "evidence": None if g.evidence is None else round(float(g.evidence), 3),
-           "estimate": estimate, "ci": ci, "explanation": explanation}
+    out = {
+        "verdict": verdict,
+        "evidence": None if g.evidence is None else round(float(g.evidence), 3),
+        "estimate": estimate,
+        "ci": ci,
+        "explanation": explanation,
+    }
     out.update(extra)
     return out
 
@@ -47,14 +53,27 @@ def latency_row(g: GapEvidence, verdict: str) -> dict:
     if not g.checked:
         return _row(g, verdict, None, None, g.reason)
     d = g.detail
-    direction = (f"the simulator lacks ~{d.steps} step(s) of latency (responds earlier than reality)" if d.steps > 0 else
-                 f"the simulator has ~{-d.steps} step(s) too much latency (responds later than reality)" if d.steps < 0 else "none")
-    return _row(g, verdict, {"steps": d.steps, "seconds": (d.steps * d.dt if d.dt else None), "direction": direction},
-                list(d.interval),
-                f"shifting the checked commands by {d.best_shift} step(s) lowers the one-step NLL by {d.improvement:.3g} "
-                f"(paired t = {d.statistic:.3g}; the same search on real blocks stays below {d.threshold:.3g}); the checked NLL "
-                f"curve over delays is the real blocks' curve shifted by {d.steps} step(s)",
-                curve={"delays": d.delays.tolist(), "mean_log_score": rlist(d.curve), "real_mean_log_score": rlist(d.real_curve)})
+    direction = (
+        f"the simulator lacks ~{d.steps} step(s) of latency (responds earlier than reality)"
+        if d.steps > 0
+        else f"the simulator has ~{-d.steps} step(s) too much latency (responds later than reality)"
+        if d.steps < 0
+        else "none"
+    )
+    return _row(
+        g,
+        verdict,
+        {"steps": d.steps, "seconds": (d.steps * d.dt if d.dt else None), "direction": direction},
+        list(d.interval),
+        f"shifting the checked commands by {d.best_shift} step(s) lowers the one-step NLL by {d.improvement:.3g} "
+        f"(paired t = {d.statistic:.3g}; the same search on real blocks stays below {d.threshold:.3g}); the checked NLL "
+        f"curve over delays is the real blocks' curve shifted by {d.steps} step(s)",
+        curve={
+            "delays": d.delays.tolist(),
+            "mean_log_score": rlist(d.curve),
+            "real_mean_log_score": rlist(d.real_curve),
+        },
+    )
 
 
 def actuator_row(g: GapEvidence, verdict: str) -> dict:
@@ -64,18 +83,43 @@ def actuator_row(g: GapEvidence, verdict: str) -> dict:
     b = d.best
     per_channel: dict[str, dict] = {}
     for c in d.searches:
-        per_channel.setdefault(c.channel, {})[c.kind] = {"estimate": c.value, "ci": list(c.interval), "evidence": round(c.evidence, 3)}
-    caution = (f"; caution: {d.extrapolated_share:.0%} of the corrected {b.channel} commands lie outside the training logs' "
-               f"range, where the model extrapolates" if d.extrapolated_share > d.competence_alpha else "")
+        per_channel.setdefault(c.channel, {})[c.kind] = {
+            "estimate": c.value,
+            "ci": list(c.interval),
+            "evidence": round(c.evidence, 3),
+        }
+    caution = (
+        f"; caution: {d.extrapolated_share:.0%} of the corrected {b.channel} commands lie outside the training logs' "
+        f"range, where the model extrapolates"
+        if d.extrapolated_share > d.competence_alpha
+        else ""
+    )
     if d.untested:
-        caution += ("; not tested, because they would move commands outside the training logs' range where the model "
-                    "cannot judge them: " + "; ".join(f"{k} {', '.join(f'{v:.3g}' for v in vs)} on {ch}"
-                                                     for ch, kinds in d.untested.items() for k, vs in kinds.items()))
-    estimate = {"channel": b.channel, "kind": b.kind, "value": b.value, "per_channel": per_channel,
-                "extrapolated_share": round(d.extrapolated_share, 4), "untested": d.untested}
-    return _row(g, verdict, estimate, list(b.interval),
-                f"{b.kind} {b.value:.3g} on {b.channel} lowers the predictive log-score by {b.improvement:.3g} "
-                f"(paired t = {b.statistic:.3g}; real blocks stay below {b.threshold:.3g}){caution}")
+        caution += (
+            "; not tested, because they would move commands outside the training logs' range where the model "
+            "cannot judge them: "
+            + "; ".join(
+                f"{k} {', '.join(f'{v:.3g}' for v in vs)} on {ch}"
+                for ch, kinds in d.untested.items()
+                for k, vs in kinds.items()
+            )
+        )
+    estimate = {
+        "channel": b.channel,
+        "kind": b.kind,
+        "value": b.value,
+        "per_channel": per_channel,
+        "extrapolated_share": round(d.extrapolated_share, 4),
+        "untested": d.untested,
+    }
+    return _row(
+        g,
+        verdict,
+        estimate,
+        list(b.interval),
+        f"{b.kind} {b.value:.3g} on {b.channel} lowers the predictive log-score by {b.improvement:.3g} "
+        f"(paired t = {b.statistic:.3g}; real blocks stay below {b.threshold:.3g}){caution}",
+    )
 
 
 def sensor_row(g: GapEvidence, verdict: str) -> dict:
@@ -85,18 +129,39 @@ def sensor_row(g: GapEvidence, verdict: str) -> dict:
     s, names, std = d.stats, d.names, d.std
     w = int(np.argmax(s.sensor_per_channel))
     coloured = [names[i] for i in np.flatnonzero(s.coloured)]
-    per_channel = {names[i]: {"noise_ratio": float(s.ratio[i]), "noise_ratio_ci": [float(s.ratio_lo[i]), float(s.ratio_hi[i])],
-                              "bias": float(s.bias[i] * std[i]), "residual_ac1": float(d.ac1_checked[i]),
-                              "real_residual_ac1": float(d.ac1_real[i]), "evidence": round(float(s.sensor_per_channel[i]), 3)}
-                   for i in range(len(names))}
+    per_channel = {
+        names[i]: {
+            "noise_ratio": float(s.ratio[i]),
+            "noise_ratio_ci": [float(s.ratio_lo[i]), float(s.ratio_hi[i])],
+            "bias": float(s.bias[i] * std[i]),
+            "residual_ac1": float(d.ac1_checked[i]),
+            "real_residual_ac1": float(d.ac1_real[i]),
+            "evidence": round(float(s.sensor_per_channel[i]), 3),
+        }
+        for i in range(len(names))
+    }
     ac_c, ac_r = d.ac1_checked[w], d.ac1_real[w]
-    text = (f"one-step residuals of {names[w]}: noise level {s.ratio[w]:.2f}x reality's, bias {s.bias[w] * std[w]:.3g}; lag-1 "
-            f"autocorrelation {ac_c:.2f} (real {ac_r:.2f}: {'whiter' if ac_c < ac_r else 'more coloured'} than reality)")
+    text = (
+        f"one-step residuals of {names[w]}: noise level {s.ratio[w]:.2f}x reality's, bias {s.bias[w] * std[w]:.3g}; lag-1 "
+        f"autocorrelation {ac_c:.2f} (real {ac_r:.2f}: {'whiter' if ac_c < ac_r else 'more coloured'} than reality)"
+    )
     if coloured:
-        text += (f"; not counted on {', '.join(coloured)}, whose larger residuals are more coloured than reality's "
-                 f"(dynamics, not sensor noise)")
-    return _row(g, verdict, {"channel": names[w], "noise_ratio": float(s.ratio[w]), "bias": float(s.bias[w] * std[w]),
-                             "per_channel": per_channel}, [float(s.ratio_lo[w]), float(s.ratio_hi[w])], text)
+        text += (
+            f"; not counted on {', '.join(coloured)}, whose larger residuals are more coloured than reality's "
+            f"(dynamics, not sensor noise)"
+        )
+    return _row(
+        g,
+        verdict,
+        {
+            "channel": names[w],
+            "noise_ratio": float(s.ratio[w]),
+            "bias": float(s.bias[w] * std[w]),
+            "per_channel": per_channel,
+        },
+        [float(s.ratio_lo[w]), float(s.ratio_hi[w])],
+        text,
+    )
 
 
 def dynamics_row(g: GapEvidence, verdict: str) -> dict:
@@ -108,27 +173,50 @@ def dynamics_row(g: GapEvidence, verdict: str) -> dict:
     H = len(d.per_horizon_ratio)
     q = max(1, H // 4)
     ac_c, ac_r = d.ac1_checked[w], d.ac1_real[w]
-    text = (f"after {', '.join(d.applied) or 'no correction'}, one-step residuals of {names[w]} are {s.ratio[w]:.2f}x "
-            f"reality's and {'more' if ac_c > ac_r else 'less'} coloured (lag-1 autocorrelation {ac_c:.2f} vs real {ac_r:.2f})"
-            + (": an error that persists from step to step is physics, not sensor noise" if g.fires else ": not both significantly")
-            + f"; open-loop error vs reality's: x{d.per_horizon_ratio[:q].mean():.2g} over horizon steps 1-{q}, "
-              f"x{d.per_horizon_ratio[H // 2:].mean():.2g} over {H // 2 + 1}-{H}")
-    estimate = {"channel": names[w], "residual_ratio": float(s.ratio[w]), "residual_ac1": float(ac_c),
-                "real_residual_ac1": float(ac_r),
-                "per_channel_ratio": {names[i]: round(float(d.per_channel_ratio[i]), 3) for i in range(len(names))},
-                "after_corrections": list(d.applied), "per_horizon_ratio": rlist(d.per_horizon_ratio)}
+    text = (
+        f"after {', '.join(d.applied) or 'no correction'}, one-step residuals of {names[w]} are {s.ratio[w]:.2f}x "
+        f"reality's and {'more' if ac_c > ac_r else 'less'} coloured (lag-1 autocorrelation {ac_c:.2f} vs real {ac_r:.2f})"
+        + (
+            ": an error that persists from step to step is physics, not sensor noise"
+            if g.fires
+            else ": not both significantly"
+        )
+        + f"; open-loop error vs reality's: x{d.per_horizon_ratio[:q].mean():.2g} over horizon steps 1-{q}, "
+        f"x{d.per_horizon_ratio[H // 2 :].mean():.2g} over {H // 2 + 1}-{H}"
+    )
+    estimate = {
+        "channel": names[w],
+        "residual_ratio": float(s.ratio[w]),
+        "residual_ac1": float(ac_c),
+        "real_residual_ac1": float(ac_r),
+        "per_channel_ratio": {names[i]: round(float(d.per_channel_ratio[i]), 3) for i in range(len(names))},
+        "after_corrections": list(d.applied),
+        "per_horizon_ratio": rlist(d.per_horizon_ratio),
+    }
     return _row(g, verdict, estimate, None, text)
 
 
 def distribution_row(d: DistributionEvidence, verdict: str) -> dict:
-    text = (f"{d.coverage:.0%} of checked steps lie inside the real data's support (latent distance within the 99% range of "
-            f"held-out real steps); MMD two-sample test of the visited states, permuting whole episodes: p = {d.p_value:.3g}")
+    text = (
+        f"{d.coverage:.0%} of checked steps lie inside the real data's support (latent distance within the 99% range of "
+        f"held-out real steps); MMD two-sample test of the visited states, permuting whole episodes: p = {d.p_value:.3g}"
+    )
     if d.min_coverage is not None:
-        text += f"; the gate requires at least {d.min_coverage:.0%} coverage" + (" (not met)" if d.below_min_coverage else "")
-    return {"verdict": verdict, "evidence": round(float(d.alpha / max(d.p_value, 1e-12)), 3),
-            "estimate": {"mmd2": round(d.mmd2, 5), "p_value": r4(d.p_value), "coverage": round(d.coverage, 4),
-                         "outside_competence_fraction": round(d.outside_competence_fraction, 4)},
-            "ci": None, "explanation": text}
+        text += f"; the gate requires at least {d.min_coverage:.0%} coverage" + (
+            " (not met)" if d.below_min_coverage else ""
+        )
+    return {
+        "verdict": verdict,
+        "evidence": round(float(d.alpha / max(d.p_value, 1e-12)), 3),
+        "estimate": {
+            "mmd2": round(d.mmd2, 5),
+            "p_value": r4(d.p_value),
+            "coverage": round(d.coverage, 4),
+            "outside_competence_fraction": round(d.outside_competence_fraction, 4),
+        },
+        "ci": None,
+        "explanation": text,
+    }
 
 
 def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, dict]:
@@ -149,12 +237,19 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
 
 def episode_entry(e: EpisodeEvidence, verdict: str, dt: float | None) -> dict:
     onset = e.onset_step if verdict == "divergent" else None
-    return {"id": int(e.id), "name": e.name, "steps": int(e.steps), "blocks": int(e.blocks), "verdict": verdict,
-            "score": round(float(e.score), 4), "divergence_onset_step": onset,
-            "divergence_onset_seconds": (onset * dt if (onset is not None and dt) else None),
-            "p_values": {k: r4(v) for k, v in {**e.divergence_p, **e.competence_p}.items()},
-            "outside_competence_fraction": round(float(e.outside_competence_fraction), 4),
-            "scores": {s: round(float(v), 4) for s, v in e.mean_scores.items() if s in SCORES + COMPETENCE}}
+    return {
+        "id": int(e.id),
+        "name": e.name,
+        "steps": int(e.steps),
+        "blocks": int(e.blocks),
+        "verdict": verdict,
+        "score": round(float(e.score), 4),
+        "divergence_onset_step": onset,
+        "divergence_onset_seconds": (onset * dt if (onset is not None and dt) else None),
+        "p_values": {k: r4(v) for k, v in {**e.divergence_p, **e.competence_p}.items()},
+        "outside_competence_fraction": round(float(e.outside_competence_fraction), 4),
+        "scores": {s: round(float(v), 4) for s, v in e.mean_scores.items() if s in SCORES + COMPETENCE},
+    }
 
 
 FAIL_WORDS = {
@@ -166,7 +261,9 @@ FAIL_WORDS = {
 }
 
 
-def message(dec: Decision, ev: CheckEvidence, rows: dict, power: dict, levels: Levels, policy: dict | None = None) -> str:
+def message(
+    dec: Decision, ev: CheckEvidence, rows: dict, power: dict, levels: Levels, policy: dict | None = None
+) -> str:
     """The summary paragraph: the verdict, why, and what a pass is worth."""
     n_ep = len(dec.episodes)
     n_div, n_unv = dec.count("divergent"), dec.count("unverifiable")
@@ -179,31 +276,49 @@ def message(dec: Decision, ev: CheckEvidence, rows: dict, power: dict, levels: L
         gaps = [r for r in said if r in DYNAMICS_GAPS]
         words = [FAIL_WORDS[r].format(n_div=n_div, n_ep=n_ep, coverage=cov) for r in said if r in FAIL_WORDS]
         if gaps:
-            words.append(f"the gap tests find {', '.join(gaps)}"
-                         + ("" if {"episodes", "pooled"} & set(said) else
-                            " (no single episode and not the pooled divergence test flags it: the gap is small but systematic)"))
+            words.append(
+                f"the gap tests find {', '.join(gaps)}"
+                + (
+                    ""
+                    if {"episodes", "pooled"} & set(said)
+                    else " (no single episode and not the pooled divergence test flags it: the gap is small but systematic)"
+                )
+            )
         if words:
             parts.append(("Consistency check: " if parts else "FAIL: ") + "; ".join(words) + ".")
         tolerated = [g for g, v in dec.gaps.items() if v == "tolerated"]
         if tolerated and {"episodes", "pooled"} & set(said):
-            parts.append(f"The divergence remains after the corrections of the tolerated gap(s) ({', '.join(tolerated)}).")
+            parts.append(
+                f"The divergence remains after the corrections of the tolerated gap(s) ({', '.join(tolerated)})."
+            )
     elif dec.verdict == "unverifiable":
         if n_unv:
-            parts.append(f"UNVERIFIABLE: {n_unv} of {n_ep} episode(s) visit states where the model is not competent; this is not a pass.")
+            parts.append(
+                f"UNVERIFIABLE: {n_unv} of {n_ep} episode(s) visit states where the model is not competent; this is not a pass."
+            )
         if dec.shift_confounded:
-            parts.append(("UNVERIFIABLE: " if not n_unv else "")
-                         + f"the residual tests find {', '.join(dec.shift_confounded)}, but the checked episodes visit states in "
-                         f"other proportions than the real logs (distribution gap), and residuals differ between states anyway; "
-                         f"this is not a pass: collect real logs in the states the simulator visits.")
+            parts.append(
+                ("UNVERIFIABLE: " if not n_unv else "")
+                + f"the residual tests find {', '.join(dec.shift_confounded)}, but the checked episodes visit states in "
+                f"other proportions than the real logs (distribution gap), and residuals differ between states anyway; "
+                f"this is not a pass: collect real logs in the states the simulator visits."
+            )
     else:
-        parts.append(f"PASS: {n_ep} episode(s) consistent with reality as the model knows it"
-                     + (" (gaps within gate tolerances)" if dec.tolerated_by_gate else "") + ".")
+        parts.append(
+            f"PASS: {n_ep} episode(s) consistent with reality as the model knows it"
+            + (" (gaps within gate tolerances)" if dec.tolerated_by_gate else "")
+            + "."
+        )
         if dec.tolerated_by_gate and {"episodes", "pooled"} & set(dec.failing_without_tolerance):
-            parts.append(f"As checked, {n_div} episode(s) diverge; after the corrections of the tolerated gaps none does "
-                         "and the pooled test does not reject.")
+            parts.append(
+                f"As checked, {n_div} episode(s) diverge; after the corrections of the tolerated gaps none does "
+                "and the pooled test does not reject."
+            )
         if dec.gaps.get("distribution") == "present":
-            parts.append("The checked episodes visit states in other proportions than the real logs (distribution gap): "
-                         "reported, not failing (set tolerances.distribution.min_coverage in the gate to make coverage binding).")
+            parts.append(
+                "The checked episodes visit states in other proportions than the real logs (distribution gap): "
+                "reported, not failing (set tolerances.distribution.min_coverage in the gate to make coverage binding)."
+            )
         parts.append(power_sentence(power, levels.alpha))
     if dec.top_gap != "none":
         parts.append(f"Top gap: {dec.top_gap} ({rows[dec.top_gap]['explanation']}).")
@@ -217,21 +332,34 @@ def power_sentence(power: dict, alpha: float) -> str:
         return "Its power was not measured: calibration needs at least 2 held-out real episodes to inject gaps into."
     if not all(p.get("reliable", True) for p in power.values()):
         rate = next(p["control_detection"] for p in power.values())
-        return (f"Its power could not be measured reliably: with no gap injected, the held-out real episodes already "
-                f"differ among themselves ({rate:.0%} detected); hold out more real episodes.")
-    worth = [f"{g} >= {p['smallest_detected']} {p['units']}" for g, p in power.items() if p["smallest_detected"] is not None]
+        return (
+            f"Its power could not be measured reliably: with no gap injected, the held-out real episodes already "
+            f"differ among themselves ({rate:.0%} detected); hold out more real episodes."
+        )
+    worth = [
+        f"{g} >= {p['smallest_detected']} {p['units']}" for g, p in power.items() if p["smallest_detected"] is not None
+    ]
     undetectable = [g for g, p in power.items() if p["smallest_detected"] is None]
     rate = next(iter(power.values())).get("control_detection")
-    return ("This pass would have caught: " + (", ".join(worth) or "none of the injected gap sizes") + "."
-            + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else "")
-            + (f" (With no gap injected, {rate:.0%} of the power draws are flagged, above alpha: these sizes "
-               f"are optimistic.)" if rate is not None and rate > alpha else ""))
+    return (
+        "This pass would have caught: "
+        + (", ".join(worth) or "none of the injected gap sizes")
+        + "."
+        + (f" Not detectable at the tested sizes: {', '.join(undetectable)}." if undetectable else "")
+        + (
+            f" (With no gap injected, {rate:.0%} of the power draws are flagged, above alpha: these sizes "
+            f"are optimistic.)"
+            if rate is not None and rate > alpha
+            else ""
+        )
+    )
 
 
 def pooled_description(ev: CheckEvidence) -> str:
     p = ev.divergence.pooled
     if p.paired:
-        return ("paired: the checked blocks replay held-out real blocks' logged inputs; each is compared with its "
-                f"real twin, episodes as the units ({p.paired_blocks} of {p.competent_blocks} competent blocks paired)")
+        return (
+            "paired: the checked blocks replay held-out real blocks' logged inputs; each is compared with its "
+            f"real twin, episodes as the units ({p.paired_blocks} of {p.competent_blocks} competent blocks paired)"
+        )
     return "unpaired: Welch's t of the checked vs the held-out real episodes' mean (log) scores"
-

@@ -7,6 +7,7 @@ where the checked data diverge; the closed-loop policy check (gate, returns in t
 inside the model, exploitation, coverage), when a policy was run; episodes; the power table;
 provenance. Figures are matplotlib PNGs embedded as data URIs.
 """
+
 from __future__ import annotations
 
 import base64
@@ -18,7 +19,13 @@ import numpy as np
 
 from wmcheck.checks.check import NEXT_STEPS
 
-COLORS = {"present": "#d9534f", "absent": "#5cb85c", "tolerated": "#f0ad4e", "not_checked": "#aaaaaa", "confounded": "#f0ad4e"}
+COLORS = {
+    "present": "#d9534f",
+    "absent": "#5cb85c",
+    "tolerated": "#f0ad4e",
+    "not_checked": "#aaaaaa",
+    "confounded": "#f0ad4e",
+}
 VERDICT_COLORS = {"pass": "#2e7d32", "fail": "#c62828", "unverifiable": "#ef6c00"}
 
 
@@ -95,10 +102,26 @@ def policy_return_figure(report: dict):
     high = np.asarray(d.get("high", []), bool)
     fig, ax = plt.subplots(figsize=(4.2, 4.0))
     if len(sim):
-        ax.errorbar(sim[~high], mod[~high], yerr=[mod[~high] - lo[~high], hi[~high] - mod[~high]], fmt="o", ms=3, lw=0.6,
-                    color="0.5", label="other episodes")
-        ax.errorbar(sim[high], mod[high], yerr=[mod[high] - lo[high], hi[high] - mod[high]], fmt="o", ms=3, lw=0.6,
-                    color="tab:blue", label="successful / high-return")
+        ax.errorbar(
+            sim[~high],
+            mod[~high],
+            yerr=[mod[~high] - lo[~high], hi[~high] - mod[~high]],
+            fmt="o",
+            ms=3,
+            lw=0.6,
+            color="0.5",
+            label="other episodes",
+        )
+        ax.errorbar(
+            sim[high],
+            mod[high],
+            yerr=[mod[high] - lo[high], hi[high] - mod[high]],
+            fmt="o",
+            ms=3,
+            lw=0.6,
+            color="tab:blue",
+            label="successful / high-return",
+        )
         span = [min(sim.min(), lo.min()), max(sim.max(), hi.max())]
         ax.plot(span, span, color="k", lw=0.8, ls="--", label="model = simulator")
     ax.set_xlabel("return in the simulator")
@@ -113,44 +136,80 @@ def _policy_html(report: dict) -> str:
     if not pol:
         return ""
     e = html.escape
-    g, r, x, c, v, sc = pol["gate"], pol["returns"], pol["exploitation"], pol["coverage"], pol["visitation"], pol["success"]
+    g, r, x, c, v, sc = (
+        pol["gate"],
+        pol["returns"],
+        pol["exploitation"],
+        pol["coverage"],
+        pol["visitation"],
+        pol["success"],
+    )
 
     def status(ok: bool) -> str:
         return f"<span class='dot' style='background:{COLORS['absent' if ok else 'present']}'></span>{'met' if ok else 'not met'}"
 
     rate = "unknown" if g["success_rate"] is None else f"{g['success_rate']:.1%}"
-    gate_rows = (f"<tr><td>simulator episodes</td><td>{g['episodes']}</td><td>&ge; {g['min_episodes']}</td><td>{status(g['episodes'] >= g['min_episodes'])}</td></tr>"
-                 f"<tr><td>simulator success rate ({e(str(sc['source'] or 'no success source'))})</td><td>{rate}</td><td>&ge; {g['min_success_rate']:.0%}</td>"
-                 f"<td>{status(g['success_rate'] is not None and g['success_rate'] >= g['min_success_rate'])}</td></tr>"
-                 f"<tr><td>exploitation of the simulator</td><td>{'flagged' if x['flag'] else 'not flagged'} (p = {_fmt(x['p_value'])})</td><td>not flagged</td><td>{status(not x['flag'])}</td></tr>")
+    gate_rows = (
+        f"<tr><td>simulator episodes</td><td>{g['episodes']}</td><td>&ge; {g['min_episodes']}</td>"
+        f"<td>{status(g['episodes'] >= g['min_episodes'])}</td></tr>"
+        f"<tr><td>simulator success rate ({e(str(sc['source'] or 'no success source'))})</td><td>{rate}</td>"
+        f"<td>&ge; {g['min_success_rate']:.0%}</td>"
+        f"<td>{status(g['success_rate'] is not None and g['success_rate'] >= g['min_success_rate'])}</td></tr>"
+        "<tr><td>exploitation of the simulator</td>"
+        f"<td>{'flagged' if x['flag'] else 'not flagged'} (p = {_fmt(x['p_value'])})</td><td>not flagged</td>"
+        f"<td>{status(not x['flag'])}</td></tr>"
+    )
     reasons = "".join(f"<li>{e(t)}</li>" for t in g["reasons"])
-    ch_rows = "".join(f"<tr><td>{e(ch['name'])}</td><td>{e(_fmt(ch['simulator_q05_q50_q95']))}</td><td>{e(_fmt(ch['model_q05_q50_q95']))}</td>"
-                      f"<td>{_fmt(ch.get('simulator_inside_model_q01_q99'))}</td></tr>" for ch in v["per_channel"])
-    ep_rows = "".join(f"<tr><td>{ep['id']}</td><td>{_fmt(ep['simulator_return'])}</td><td>{_fmt(ep['model_return'])} {e(_fmt(ep['model_return_range']))}</td>"
-                      f"<td>{_fmt(ep['split_step'])}</td><td>{e(_fmt(ep.get('simulator_state')))}</td><td>{e(_fmt(ep.get('model_state')))}</td>"
-                      f"<td>{'yes' if ep['through_flagged_block'] else 'no'}</td></tr>" for ep in x["episodes"])
-    ep_table = (f"<table id='policy-episodes'><tr><th>episode</th><th>simulator return</th><th>model return (range)</th><th>split step</th>"
-                f"<th>simulator state there</th><th>model state there</th><th>through a flagged block</th></tr>{ep_rows}</table>") if ep_rows else \
-        "<p>No high-return episode scores above every model rollout.</p>"
-    model_rate = "" if sc["model_rate"] is None else f" The same success rule on the model's rollouts: {sc['model_rate']:.1%}."
+    ch_rows = "".join(
+        f"<tr><td>{e(ch['name'])}</td><td>{e(_fmt(ch['simulator_q05_q50_q95']))}</td>"
+        f"<td>{e(_fmt(ch['model_q05_q50_q95']))}</td>"
+        f"<td>{_fmt(ch.get('simulator_inside_model_q01_q99'))}</td></tr>"
+        for ch in v["per_channel"]
+    )
+    ep_rows = "".join(
+        f"<tr><td>{ep['id']}</td><td>{_fmt(ep['simulator_return'])}</td>"
+        f"<td>{_fmt(ep['model_return'])} {e(_fmt(ep['model_return_range']))}</td>"
+        f"<td>{_fmt(ep['split_step'])}</td><td>{e(_fmt(ep.get('simulator_state')))}</td>"
+        f"<td>{e(_fmt(ep.get('model_state')))}</td>"
+        f"<td>{'yes' if ep['through_flagged_block'] else 'no'}</td></tr>"
+        for ep in x["episodes"]
+    )
+    ep_table = (
+        (
+            "<table id='policy-episodes'><tr><th>episode</th><th>simulator return</th><th>model return (range)"
+            "</th><th>split step</th>"
+            "<th>simulator state there</th><th>model state there</th><th>through a flagged block</th>"
+            f"</tr>{ep_rows}</table>"
+        )
+        if ep_rows
+        else "<p>No high-return episode scores above every model rollout.</p>"
+    )
+    model_rate = (
+        "" if sc["model_rate"] is None else f" The same success rule on the model's rollouts: {sc['model_rate']:.1%}."
+    )
     return f"""<h2>Policy, closed loop: simulator vs the model of reality</h2>
-<div id="policy"><p>Policy <code>{e(pol['policy'])}</code> in <code>{e(pol['env'])}</code>: {pol['episodes']} simulator episodes; inside the world model
-from the same initial conditions ({pol['context_steps']} observed steps, then the policy acts on the model's predictions), {pol['closed_loop_samples']} rollouts per episode.{model_rate}</p>
+<div id="policy"><p>Policy <code>{e(pol["policy"])}</code> in <code>{e(pol["env"])}</code>: {pol["episodes"]} simulator episodes; inside the world model
+from the same initial conditions ({pol["context_steps"]} observed steps, then the policy acts on the model's
+predictions), {pol["closed_loop_samples"]} rollouts per episode.{model_rate}</p>
 <table id="policy-gate"><tr><th>policy gate</th><th>this check</th><th>required</th><th>status</th></tr>{gate_rows}</table>
-{f'<ul class="warn">{reasons}</ul>' if reasons else ''}
-<p><b>Returns</b>: simulator mean {_fmt(r['simulator']['mean'])}, model mean {_fmt(r['model']['mean'])}; paired difference (simulator - model) {_fmt(r['paired_difference_mean'])}
-(90% interval {e(_fmt(r['paired_difference_ci']))}); the model resolves differences beyond {_fmt(r.get('model_resolution'))} (its reward error on real data),
-sign-flip p = {_fmt(r['p_value'])} that the difference exceeds that{', significant' if r['differs'] else ''}; {_fmt(r['inside_model_range'])} of the simulator returns lie inside the model's range
-(expected {_fmt(r['inside_model_range_expected'])} if the simulator behaved like reality).</p>
-<p><b>Exploitation</b>: {e(x['explanation'])}.</p>
-<p><b>Coverage</b>: {_fmt(c['fraction_in_support'])} of the policy's simulator steps lie inside the real logs' support ({_fmt(c['successful_fraction_in_support'])} on its successful episodes).
-<b>State visitation</b>, simulator vs model closed loop: block MMD p = {_fmt(v['p_value'])}{' (differs)' if v['differs'] else ''}.</p>
-<figure><img src='{_png(policy_return_figure(report))}' alt='policy returns'><figcaption>Each point is one initial condition: its return in the simulator and inside the model (bar: range over the model's rollouts).</figcaption></figure>
+{f'<ul class="warn">{reasons}</ul>' if reasons else ""}
+<p><b>Returns</b>: simulator mean {_fmt(r["simulator"]["mean"])}, model mean {_fmt(r["model"]["mean"])}; paired
+difference (simulator - model) {_fmt(r["paired_difference_mean"])}
+(90% interval {e(_fmt(r["paired_difference_ci"]))}); the model resolves differences beyond {_fmt(r.get("model_resolution"))} (its reward error on real data),
+sign-flip p = {_fmt(r["p_value"])} that the difference exceeds that{", significant" if r["differs"] else ""};
+{_fmt(r["inside_model_range"])} of the simulator returns lie inside the model's range
+(expected {_fmt(r["inside_model_range_expected"])} if the simulator behaved like reality).</p>
+<p><b>Exploitation</b>: {e(x["explanation"])}.</p>
+<p><b>Coverage</b>: {_fmt(c["fraction_in_support"])} of the policy's simulator steps lie inside the real logs'
+support ({_fmt(c["successful_fraction_in_support"])} on its successful episodes).
+<b>State visitation</b>, simulator vs model closed loop: block MMD p = {_fmt(v["p_value"])}{" (differs)" if v["differs"] else ""}.</p>
+<figure><img src='{_png(policy_return_figure(report))}' alt='policy returns'><figcaption>Each point is one initial
+condition: its return in the simulator and inside the model (bar: range over the model's
+rollouts).</figcaption></figure>
 <table><tr><th>channel</th><th>simulator q05, q50, q95</th><th>model q05, q50, q95</th><th>simulator inside model's 1-99%</th></tr>{ch_rows}</table>
 <h3>High-return episodes above every model rollout</h3>
 {ep_table}</div>
 """
-
 
 
 def regime_figure(channel: dict, obs: str):
@@ -165,12 +224,24 @@ def regime_figure(channel: dict, obs: str):
     x = np.arange(len(bins))
     med = np.array([b["effect"][obs]["checked_median_error"] for b in bins], float)
     ci = np.array([[np.nan if v is None else v for v in b["effect"][obs]["ci"]] for b in bins], float).reshape(-1, 2)
-    ref = np.array([np.nan if b["effect"][obs]["real_median_error"] is None else b["effect"][obs]["real_median_error"]
-                    for b in bins], float)
+    ref = np.array(
+        [
+            np.nan if b["effect"][obs]["real_median_error"] is None else b["effect"][obs]["real_median_error"]
+            for b in bins
+        ],
+        float,
+    )
     fig, ax = plt.subplots(figsize=(6.5, 2.8))
     ax.axhline(0, color="0.6", lw=0.8)
-    ax.errorbar(x, med, yerr=np.abs(np.stack([med - ci[:, 0], ci[:, 1] - med])), fmt="o", color="#c62828",
-                capsize=3, label="checked - model prediction (median, 95% CI)")
+    ax.errorbar(
+        x,
+        med,
+        yerr=np.abs(np.stack([med - ci[:, 0], ci[:, 1] - med])),
+        fmt="o",
+        color="#c62828",
+        capsize=3,
+        label="checked - model prediction (median, 95% CI)",
+    )
     ax.plot(x, ref, "s", color="k", ms=4, label="real held-out - model prediction (median)")
     for i, b in enumerate(bins):
         if b["flagged"]:
@@ -192,23 +263,40 @@ def regime_section(report: dict) -> str:
     e = html.escape
     if not reg:
         return "<p>Not computed: the calibration predates regime analysis; re-run <code>wmcheck calibrate</code>.</p>"
-    items = "".join(f"<li class='v-divergent'>{e(r['text'])}</li>" for r in reg["regimes"]) or \
-        "<li>No operating regime differs significantly from reality at the calibrated threshold.</li>"
-    nc = "".join(f"<li class='v-unverifiable'>{e(r['text'])}</li>"
-                 for r in reg["not_competent"] + reg.get("outside_training_range", [])) or \
-        "<li>The model is competent over the checked operating range, which lies inside the training logs' range.</li>"
+    items = (
+        "".join(f"<li class='v-divergent'>{e(r['text'])}</li>" for r in reg["regimes"])
+        or "<li>No operating regime differs significantly from reality at the calibrated threshold.</li>"
+    )
+    nc = (
+        "".join(
+            f"<li class='v-unverifiable'>{e(r['text'])}</li>"
+            for r in reg["not_competent"] + reg.get("outside_training_range", [])
+        )
+        or "<li>The model is competent over the checked operating range, which lies inside the training logs' range.</li>"
+    )
     order = list(dict.fromkeys(r["channel"] for r in reg["regimes"]))  # strongest regime's channel first
     by_name = {c["name"]: c for c in reg["channels"]}
     chans = [by_name[n] for n in order if n in by_name]
     if not chans and reg["channels"]:
-        chans = [min(reg["channels"], key=lambda c: min([b["p_value"] for b in c["bins"] if b["p_value"] is not None] or [1.0]))]
+        chans = [
+            min(
+                reg["channels"],
+                key=lambda c: min([b["p_value"] for b in c["bins"] if b["p_value"] is not None] or [1.0]),
+            )
+        ]
     obs_names = list(reg["channels"][0]["bins"][0]["effect"]) if reg["channels"] and reg["channels"][0]["bins"] else []
-    figs = "".join(f"<figure><img src='{_png(regime_figure(c, o))}' alt='regime {e(c['name'])}'><figcaption>{e(o)} error by "
-                   f"{e(c['name'])} bin (bins: held-out real quantiles; shaded: flagged at the calibrated threshold).</figcaption></figure>"
-                   for c in chans[:4] for o in obs_names[:2])
-    return (f"<p>Where, in the operating conditions, the checked data part ways with reality as the model knows it "
-            f"({e(reg.get('method', ''))}; alpha per test {reg['alpha_per_test']:.2g}).</p>"
-            f"<ul id='regimes'>{items}</ul><p>Where the model is not competent:</p><ul id='not-competent'>{nc}</ul>{figs}")
+    figs = "".join(
+        f"<figure><img src='{_png(regime_figure(c, o))}' alt='regime {e(c['name'])}'><figcaption>{e(o)} error by "
+        f"{e(c['name'])} bin (bins: held-out real quantiles; shaded: flagged at the calibrated threshold)."
+        "</figcaption></figure>"
+        for c in chans[:4]
+        for o in obs_names[:2]
+    )
+    return (
+        f"<p>Where, in the operating conditions, the checked data part ways with reality as the model knows it "
+        f"({e(reg.get('method', ''))}; alpha per test {reg['alpha_per_test']:.2g}).</p>"
+        f"<ul id='regimes'>{items}</ul><p>Where the model is not competent:</p><ul id='not-competent'>{nc}</ul>{figs}"
+    )
 
 
 def _power_note(pw: dict) -> str:
@@ -221,7 +309,11 @@ def _power_note(pw: dict) -> str:
         note += f" Measured with the {first['blocks_used']} injected blocks available (a lower bound for {pw['n_blocks']} blocks)."
     if first.get("control_detection") is not None:
         note += f" With no gap injected, {first['control_detection']:.0%} of draws are flagged (the control"
-        note += "; above alpha, so the sizes are optimistic)." if first["control_detection"] > pw.get("alpha", 0.05) else ")."
+        note += (
+            "; above alpha, so the sizes are optimistic)."
+            if first["control_detection"] > pw.get("alpha", 0.05)
+            else ")."
+        )
     if not first.get("reliable", True):
         note += " <b>Unreliable</b>: the held-out real episodes differ among themselves; no smallest size is claimed."
     return note
@@ -235,8 +327,11 @@ def _fmt(v) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_fmt(x) for x in v) + "]"
     if isinstance(v, dict):
-        return ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items()
-                         if k not in ("per_channel", "per_horizon_ratio", "photometric", "per_episode_distance_ratio") and x != {})
+        return ", ".join(
+            f"{k}: {_fmt(x)}"
+            for k, x in v.items()
+            if k not in ("per_channel", "per_horizon_ratio", "photometric", "per_episode_distance_ratio") and x != {}
+        )
     return str(v)
 
 
@@ -250,22 +345,39 @@ def render_html(report: dict) -> str:
         # Estimates are shown for gaps the evidence supports (the JSON keeps them all).
         shown = g["verdict"] in ("present", "tolerated") or gap == "distribution"
         rows.append(
-            f"<tr><td><b>{e(gap)}</b></td><td><span class='dot' style='background:{COLORS.get(status, '#aaa')}'></span>{e(status)}</td>"
+            f"<tr><td><b>{e(gap)}</b></td><td><span class='dot' style='background:{COLORS.get(status, '#aaa')}'>"
+            f"</span>{e(status)}</td>"
             f"<td>{_fmt(g.get('evidence'))}</td><td>{e(_fmt(g.get('estimate')) if shown else '–')}</td>"
             f"<td>{e(_fmt(g.get('ci')) if shown else '–')}</td>"
-            f"<td>{e(g.get('explanation', ''))}</td><td>{e(NEXT_STEPS.get(gap, '')) if g['verdict'] in ('present', 'tolerated') else ''}</td></tr>")
+            f"<td>{e(g.get('explanation', ''))}</td>"
+            f"<td>{e(NEXT_STEPS.get(gap, '')) if g['verdict'] in ('present', 'tolerated') else ''}</td></tr>"
+        )
     ep_rows = "".join(
-        f"<tr><td>{ep['id']}</td><td>{e(str(ep.get('name') or ''))}</td><td class='v-{ep['verdict']}'>{ep['verdict']}</td>"
-        f"<td>{ep['score']:.3f}</td><td>{_fmt(ep['divergence_onset_step'])}</td><td>{ep['outside_competence_fraction']:.0%}</td></tr>"
-        for ep in sorted(report["episodes"], key=lambda x: -x["score"])[:50])
+        f"<tr><td>{ep['id']}</td><td>{e(str(ep.get('name') or ''))}</td>"
+        f"<td class='v-{ep['verdict']}'>{ep['verdict']}</td>"
+        f"<td>{ep['score']:.3f}</td><td>{_fmt(ep['divergence_onset_step'])}</td>"
+        f"<td>{ep['outside_competence_fraction']:.0%}</td></tr>"
+        for ep in sorted(report["episodes"], key=lambda x: -x["score"])[:50]
+    )
     pw = report["power"]
     power_rows = "".join(
         f"<tr><td>{e(g)}</td><td>{e(p['units'])}</td>"
         + "".join(f"<td>{size:g}: {prob:.0%}</td>" for size, prob in zip(p["sizes"], p["detection_probability"]))
-        + f"<td><b>{_fmt(p['smallest_detected'])}</b></td></tr>" for g, p in pw["gaps"].items())
-    figs = [f"<figure><img src='{_png(divergence_figure(report))}' alt='divergence vs horizon'><figcaption>Standardised open-loop error vs horizon: checked episodes against held-out real episodes.</figcaption></figure>"]
+        + f"<td><b>{_fmt(p['smallest_detected'])}</b></td></tr>"
+        for g, p in pw["gaps"].items()
+    )
+    figs = [
+        f"<figure><img src='{_png(divergence_figure(report))}' alt='divergence vs horizon'>"
+        "<figcaption>Standardised open-loop error vs horizon: checked episodes against held-out real episodes."
+        "</figcaption></figure>"
+    ]
     for caption, fig in overlay_figures(report):
-        figs.append(f"<figure><img src='{_png(fig)}' alt='overlay'><figcaption>Worst block: {e(caption)}. Black: the checked trajectory; blue: what the world model (trained on real logs) predicts under the same commands.</figcaption></figure>")
+        figs.append(
+            f"<figure><img src='{_png(fig)}' alt='overlay'>"
+            f"<figcaption>Worst block: {e(caption)}. Black: the checked trajectory; blue: what the world model"
+            " (trained on real logs) predicts under the same commands."
+            "</figcaption></figure>"
+        )
     prov = report["provenance"]
     th = report["thresholds"]
     warning = f"<p class='warn'>{e(th['calibration_warning'])}</p>" if th.get("calibration_warning") else ""
@@ -279,25 +391,30 @@ th{{background:#f4f4f4}} .dot{{display:inline-block;width:10px;height:10px;borde
 .v-divergent{{color:#c62828}} .v-unverifiable{{color:#ef6c00}} .v-consistent{{color:#2e7d32}}
 figure{{margin:8px 0}} figcaption{{font-size:12px;color:#555}} .warn{{color:#ef6c00}} code{{background:#f4f4f4;padding:1px 4px}}
 </style></head><body>
-<div class="verdict" id="verdict">Verdict: <b>{e(v.upper())}</b> &nbsp; score {s['score']:.3f} &nbsp; top gap: {e(s['top_gap'])}</div>
-<p id="message">{e(s['message'])}</p>
-<p>{s['episodes']} episodes checked: {s['consistent']} consistent, {s['divergent']} divergent, {s['unverifiable']} unverifiable;
-{s.get('competent_blocks', 0)} of {s.get('blocks', 0)} blocks inside the model's competence. False-alarm budget alpha = {s['alpha']} per run
-(thresholds from {e(str(th['source']))}, {th.get('calibration_blocks')} held-out real blocks).</p>{warning}
+<div class="verdict" id="verdict">Verdict: <b>{e(v.upper())}</b> &nbsp; score {s["score"]:.3f} &nbsp; top gap: {e(s["top_gap"])}</div>
+<p id="message">{e(s["message"])}</p>
+<p>{s["episodes"]} episodes checked: {s["consistent"]} consistent, {s["divergent"]} divergent, {s["unverifiable"]} unverifiable;
+{s.get("competent_blocks", 0)} of {s.get("blocks", 0)} blocks inside the model's competence. False-alarm budget alpha = {s["alpha"]} per run
+(thresholds from {e(str(th["source"]))}, {th.get("calibration_blocks")} held-out real blocks).</p>{warning}
 <h2>Reality-gap table</h2>
-<table id="gap-table"><tr><th>gap</th><th>status</th><th>evidence (&ge;1 = present)</th><th>estimate</th><th>90% interval</th><th>evidence detail</th><th>what to do next</th></tr>
-{''.join(rows)}</table>
+<table id="gap-table"><tr><th>gap</th><th>status</th><th>evidence (&ge;1 = present)</th><th>estimate</th><th>90%
+interval</th><th>evidence detail</th><th>what to do next</th></tr>
+{"".join(rows)}</table>
 <h2>Where it diverges (operating regimes)</h2>
 {regime_section(report)}
 <h2>Divergence and overlays</h2>
-{''.join(figs)}
+{"".join(figs)}
 {_policy_html(report)}
 <h2>Episodes (worst first)</h2>
 <table><tr><th>id</th><th>name</th><th>verdict</th><th>score</th><th>divergence onset (step)</th><th>outside competence</th></tr>{ep_rows}</table>
 <h2>What a pass is worth (power)</h2>
-<p>Detection probability of gaps injected into held-out real episodes, for a check of {pw['n_blocks']} blocks, at the calibrated threshold; the last column is the smallest size detected with probability &ge; {pw['target']:.0%}.{_power_note(pw)}</p>
+<p>Detection probability of gaps injected into held-out real episodes, for a check of {pw["n_blocks"]} blocks, at
+the calibrated threshold; the last column is the smallest size detected with probability &ge;
+{pw["target"]:.0%}.{_power_note(pw)}</p>
 <table id="power-table"><tr><th>gap</th><th>units</th><th colspan="4">size: detection probability</th><th>smallest detected</th></tr>{power_rows}</table>
 <h2>Provenance</h2>
-<p><code>{e(prov['command'])}</code><br>wmcheck {e(prov['wmcheck_version'])}; model sha256 {e(prov['model_sha256'][:16])}…; training data sha256 {e(prov['training_data_sha256'][:16])}…; rollouts {e(prov['rollouts'])} ({e(prov['rollouts_sha256'][:16])}…); {prov['seconds']} s.</p>
-<script type="application/json" id="report-json">{e(json.dumps({k: report[k] for k in ('verdict', 'summary')}))}</script>
+<p><code>{e(prov["command"])}</code><br>wmcheck {e(prov["wmcheck_version"])}; model sha256
+{e(prov["model_sha256"][:16])}…; training data sha256 {e(prov["training_data_sha256"][:16])}…; rollouts
+{e(prov["rollouts"])} ({e(prov["rollouts_sha256"][:16])}…); {prov["seconds"]} s.</p>
+<script type="application/json" id="report-json">{e(json.dumps({k: report[k] for k in ("verdict", "summary")}))}</script>
 </body></html>"""

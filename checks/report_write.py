@@ -3,6 +3,7 @@
 Owns the output folder layout (REPORTDIR/report.json, report.html, tb/) and atomic writes: each file
 is written under a temporary name and renamed, so a killed check never leaves a half report.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from wmcheck.checks.report_html import divergence_figure, overlay_figures, policy_return_figure, regime_figure, render_html
+from wmcheck.checks.report_html import (
+    divergence_figure,
+    overlay_figures,
+    policy_return_figure,
+    regime_figure,
+    render_html,
+)
 from wmcheck.datasets.atomic import write_text_atomic
 
 
@@ -50,7 +57,7 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
     for h, c, r in zip(curve["horizon_steps"], curve["checked_mean"], curve["real_mean"]):
         w.add_scalars("check/divergence_vs_horizon", {"checked": c, "real": r}, h)
     w.add_figure("check/divergence_vs_horizon_fig", divergence_figure(report), 0)
-    for i, (caption, fig) in enumerate(overlay_figures(report)):
+    for i, (_caption, fig) in enumerate(overlay_figures(report)):
         w.add_figure(f"check/worst_block_{i}", fig, 0)
     reg = report.get("regimes")
     if reg:
@@ -70,12 +77,21 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
     pol = report.get("policy")
     if pol:
         g, r, x = pol["gate"], pol["returns"], pol["exploitation"]
-        scalars = {"episodes": g["episodes"], "success_rate": g["success_rate"], "model_success_rate": pol["success"]["model_rate"],
-                   "gate_passed": float(g["passed"]), "return_simulator": r["simulator"]["mean"], "return_model": r["model"]["mean"],
-                   "return_difference": r["paired_difference_mean"], "return_p_value": r["p_value"],
-                   "inside_model_range": r["inside_model_range"], "exploitation_flag": float(x["flag"]),
-                   "exploitation_p_value": x["p_value"], "coverage": pol["coverage"]["fraction_in_support"],
-                   "visitation_p_value": pol["visitation"]["p_value"]}
+        scalars = {
+            "episodes": g["episodes"],
+            "success_rate": g["success_rate"],
+            "model_success_rate": pol["success"]["model_rate"],
+            "gate_passed": float(g["passed"]),
+            "return_simulator": r["simulator"]["mean"],
+            "return_model": r["model"]["mean"],
+            "return_difference": r["paired_difference_mean"],
+            "return_p_value": r["p_value"],
+            "inside_model_range": r["inside_model_range"],
+            "exploitation_flag": float(x["flag"]),
+            "exploitation_p_value": x["p_value"],
+            "coverage": pol["coverage"]["fraction_in_support"],
+            "visitation_p_value": pol["visitation"]["p_value"],
+        }
         for key, value in scalars.items():
             if value is not None:
                 w.add_scalar(f"check/policy/{key}", float(value), 0)

@@ -22,6 +22,7 @@ Per block (context C, horizon H, D channels):
 The per-step arrays feed the regime analysis (regimes.py): where, in the operating conditions,
 the checked data and the model part ways.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -53,14 +54,14 @@ class BlockScores:
     pred_lo: np.ndarray  # (n, H, D) 5% predictive quantile
     pred_hi: np.ndarray  # (n, H, D) 95% predictive quantile
 
-    def subset(self, idx) -> "BlockScores":
+    def subset(self, idx) -> BlockScores:
         return BlockScores(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
         return {f"{prefix}{f.name}": getattr(self, f.name) for f in fields(self) if not f.name.startswith("pred_")}
 
     @classmethod
-    def from_arrays(cls, arrays, prefix: str) -> "BlockScores":
+    def from_arrays(cls, arrays, prefix: str) -> BlockScores:
         out = {}
         for f in fields(cls):
             key = f"{prefix}{f.name}"
@@ -94,8 +95,15 @@ def _ac1(x: np.ndarray) -> np.ndarray:
     return np.where(den > 0, num / np.maximum(den, 1e-12), 0.0)
 
 
-def score_blocks(model, blocks: Blocks, samples: int = 16, support_ref: np.ndarray | None = None,
-                 support_scale: float = 1.0, chunk: int = 64, seed: int = 0) -> BlockScores:
+def score_blocks(
+    model,
+    blocks: Blocks,
+    samples: int = 16,
+    support_ref: np.ndarray | None = None,
+    support_scale: float = 1.0,
+    chunk: int = 64,
+    seed: int = 0,
+) -> BlockScores:
     C = blocks.context
     torch.manual_seed(seed)
     parts: dict[str, list] = {f.name: [] for f in fields(BlockScores)}
@@ -152,7 +160,6 @@ def one_step_nll(model, blocks: Blocks, chunk: int = 128, seed: int = 0, samples
     return np.concatenate(out).astype(np.float64)
 
 
-
 def attribution_objective(model, blocks: Blocks, horizon: int = 8, chunk: int = 128, seed: int = 0) -> np.ndarray:
     """J per block (n,), in nats: one-step predictive NLL (mean over steps t >= C and channels)
     plus 0.5 * log of the mean squared open-loop error over `horizon` imagined steps (the prior's
@@ -171,5 +178,7 @@ def attribution_objective(model, blocks: Blocks, horizon: int = 8, chunk: int = 
             err = (ol["mean"] - ol["truth"]).pow(2).mean((1, 2))  # (w,) over the imagined steps and channels
             out.append(0.5 * torch.log(err.clamp_min(1e-8)).numpy())
     per_window = np.concatenate(out).astype(np.float64)
-    per_block = np.bincount(parent, weights=per_window, minlength=len(blocks)) / np.bincount(parent, minlength=len(blocks))
+    per_block = np.bincount(parent, weights=per_window, minlength=len(blocks)) / np.bincount(
+        parent, minlength=len(blocks)
+    )
     return nll + per_block

@@ -17,6 +17,7 @@ of one episode are not independent either (they share its initial conditions, we
 a test that counts them as independent units is anti-conservative (its false-alarm rate exceeds
 alpha), so the checks pass episode labels, and episodes are the units of every verdict test.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,10 @@ def _betainc(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     f = d
     for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -114,8 +117,9 @@ def mann_whitney_z(x: np.ndarray, y: np.ndarray, continuity: bool = False) -> fl
     return float((u - n * m / 2.0 - (0.5 if continuity else 0.0)) / math.sqrt(var)) if var > 0 else 0.0
 
 
-def mann_whitney_greater(x: np.ndarray, y: np.ndarray, rng: np.random.Generator | None = None,
-                         permutations: int = 20000) -> float:
+def mann_whitney_greater(
+    x: np.ndarray, y: np.ndarray, rng: np.random.Generator | None = None, permutations: int = 20000
+) -> float:
     """One-sided p-value for "x tends to be larger than y" (x checked blocks, y real blocks).
 
     Exact by Monte-Carlo permutation when either sample is small (< 12), otherwise the normal
@@ -174,9 +178,15 @@ def design_effect(groups: np.ndarray, rho: float) -> float:
     return float(1.0 + rho * ((sizes**2).sum() / N - 1.0)) if N else 1.0
 
 
-def clustered_mann_whitney(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray,
-                           rng: np.random.Generator | None = None, permutations: int = 20000,
-                           rho: float | None = None) -> float:
+def clustered_mann_whitney(
+    x: np.ndarray,
+    x_groups: np.ndarray,
+    y: np.ndarray,
+    y_groups: np.ndarray,
+    rng: np.random.Generator | None = None,
+    permutations: int = 20000,
+    rho: float | None = None,
+) -> float:
     """One-sided p-value for "x tends to be larger than y" when both samples come in clusters
     (x: checked blocks by checked episode, y: held-out real blocks by real episode).
 
@@ -196,7 +206,8 @@ def clustered_mann_whitney(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y
     if rho <= 0:
         return p_plain
     t = mann_whitney_z(x, y, continuity=True) / math.sqrt(
-        variance_inflation(design_effect(x_groups, rho), design_effect(y_groups, rho), n, m))
+        variance_inflation(design_effect(x_groups, rho), design_effect(y_groups, rho), n, m)
+    )
     # rho comes from the real episodes alone: with k of them the statistic is Student-t-like with
     # k - 1 degrees of freedom, not normal (with 5 held-out weeks the normal tail would be too thin)
     return float(max(p_plain, t_sf(t, len(np.unique(y_groups)) - 1)))
@@ -247,8 +258,9 @@ def log_pair(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.log(np.maximum(x, floor)), np.log(np.maximum(y, floor))
 
 
-def episode_t(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray,
-              log: bool = False) -> tuple[float, float]:
+def episode_t(
+    x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray, log: bool = False
+) -> tuple[float, float]:
     """Two-sample t of checked vs real with episodes as the units: Welch's t of the episode means
     (x (n,) checked blocks by x_groups, y (m,) real blocks by y_groups), with Welch-Satterthwaite
     degrees of freedom; with a single checked episode, its mean against a new real episode's
@@ -306,8 +318,9 @@ def paired_episode_t_greater(diff: np.ndarray, groups: np.ndarray) -> float:
     return t_sf(float(m.mean() / (sd / math.sqrt(k))), k - 1)
 
 
-def episode_t_greater(x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray,
-                      log: bool = False) -> float:
+def episode_t_greater(
+    x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray, log: bool = False
+) -> float:
     """One-sided p-value of `episode_t` (checked episodes score higher than real ones)."""
     t, df = episode_t(x, x_groups, y, y_groups, log)
     if math.isnan(t):
@@ -368,15 +381,22 @@ def percentile_interval(samples: np.ndarray, level: float = 0.9) -> tuple[float,
 
 def mmd2_rbf(x: np.ndarray, y: np.ndarray, bandwidth: float) -> float:
     """Biased MMD^2 estimate with an RBF kernel (x (n, d), y (m, d))."""
+
     def k(a, b):
         d2 = (a**2).sum(1)[:, None] + (b**2).sum(1)[None, :] - 2 * a @ b.T
         return np.exp(-np.maximum(d2, 0) / (2 * bandwidth**2))
+
     return float(k(x, x).mean() + k(y, y).mean() - 2 * k(x, y).mean())
 
 
-def block_mmd_test(x_blocks: list[np.ndarray], y_blocks: list[np.ndarray], rng: np.random.Generator,
-                   permutations: int = 200, x_groups: np.ndarray | None = None,
-                   y_groups: np.ndarray | None = None) -> tuple[float, float]:
+def block_mmd_test(
+    x_blocks: list[np.ndarray],
+    y_blocks: list[np.ndarray],
+    rng: np.random.Generator,
+    permutations: int = 200,
+    x_groups: np.ndarray | None = None,
+    y_groups: np.ndarray | None = None,
+) -> tuple[float, float]:
     """Two-sample MMD test whose permutations exchange whole blocks (respects autocorrelation), or
     whole episodes when the blocks' episode labels are given (blocks of one episode are dependent).
 
@@ -392,8 +412,11 @@ def block_mmd_test(x_blocks: list[np.ndarray], y_blocks: list[np.ndarray], rng: 
         units = list(x_blocks) + list(y_blocks)
         nx = len(x_blocks)
     else:  # exchangeable units are episodes: the blocks of each concatenated
-        units = [np.concatenate([b for b, g in zip(blocks, groups) if g == label])
-                 for blocks, groups in ((x_blocks, x_groups), (y_blocks, y_groups)) for label in np.unique(groups)]
+        units = [
+            np.concatenate([b for b, g in zip(blocks, groups) if g == label])
+            for blocks, groups in ((x_blocks, x_groups), (y_blocks, y_groups))
+            for label in np.unique(groups)
+        ]
         nx = len(np.unique(x_groups))
     count = 0
     for _ in range(permutations):

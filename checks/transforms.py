@@ -8,6 +8,7 @@ Owns pure functions Episode -> Episode (raw units; nothing here knows the model)
   actuator_correction(...)  one of those factors by name (what the attribution searches try)
   observation_noise(...)    add Gaussian noise or a bias to observation channels
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,8 +53,9 @@ def actuator_correction(ep: Episode, channel: int, kind: str, value: float) -> E
     return actuator(ep, channel, **kw)
 
 
-def observation_noise(ep: Episode, std: np.ndarray | None = None, bias: np.ndarray | None = None,
-                      rng: np.random.Generator | None = None) -> Episode:
+def observation_noise(
+    ep: Episode, std: np.ndarray | None = None, bias: np.ndarray | None = None, rng: np.random.Generator | None = None
+) -> Episode:
     """Observations + bias + N(0, std^2) per channel (arrays of shape (D,), raw units)."""
     obs = ep.observations.astype(np.float64).copy()  # (N+1, D)
     if bias is not None:

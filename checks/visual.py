@@ -36,6 +36,7 @@ All but luminance are invariant to a pure brightness change, so a brighter simul
 frames' mean differs from the real frames' mean by more than twice the spread between real episodes
 and by more than 3% of the real value.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,9 +55,14 @@ VISUAL_CALIBRATION_VERSION = 1
 FILE = "visual_calibration.npz"
 _LUMA = np.array([0.299, 0.587, 0.114])
 STATS = ("luminance", "contrast", "red", "green", "blue", "sharpness")
-STAT_WORDS = {"luminance": ("brighter", "darker"), "contrast": ("more contrasted", "less contrasted"),
-              "red": ("redder", "less red"), "green": ("greener", "less green"), "blue": ("bluer", "less blue"),
-              "sharpness": ("sharper (more edges or noise)", "blurrier")}
+STAT_WORDS = {
+    "luminance": ("brighter", "darker"),
+    "contrast": ("more contrasted", "less contrasted"),
+    "red": ("redder", "less red"),
+    "green": ("greener", "less green"),
+    "blue": ("bluer", "less blue"),
+    "sharpness": ("sharper (more edges or noise)", "blurrier"),
+}
 
 
 @dataclass
@@ -116,7 +122,9 @@ def _segments(d: np.ndarray, ep: np.ndarray, size: int) -> np.ndarray:
     return np.asarray(out)
 
 
-def _nearest(emb: np.ndarray, steps: np.ndarray, ref: np.ndarray, ref_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _nearest(
+    emb: np.ndarray, steps: np.ndarray, ref: np.ndarray, ref_steps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(d_step, d_set): distances of frames (n, E) to their nearest reference frame (m, E) at the same
     trajectory step (the nearest step the reference has, for steps beyond it) and in the whole set."""
     dist = torch.cdist(torch.from_numpy(emb).double(), torch.from_numpy(ref).double()).numpy()  # (n, m)
@@ -150,26 +158,38 @@ class VisualCalibration:
         arrays = {f"reference_{k}": v for k, v in self.reference.items()}
         arrays.update({f"frames_{k}": v for k, v in self.frames.items()})
         arrays.update({a: getattr(self, a) for a in self._ARRAYS})
-        arrays["meta"] = np.array(json.dumps({"version": VISUAL_CALIBRATION_VERSION, "keys": self.keys,
-                                              "config": asdict(self.config)}))
+        arrays["meta"] = np.array(
+            json.dumps({"version": VISUAL_CALIBRATION_VERSION, "keys": self.keys, "config": asdict(self.config)})
+        )
         with atomic_path(Path(run_dir) / FILE, suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "VisualCalibration | None":
+    def load(cls, run_dir: str | Path) -> VisualCalibration | None:
         path = Path(run_dir) / FILE
         if not path.exists():
             return None
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             if meta.get("version") != VISUAL_CALIBRATION_VERSION:
-                raise UserError(f"{path} has visual calibration version {meta.get('version')}",
-                                f"re-run `wmcheck calibrate {run_dir}`")
+                raise UserError(
+                    f"{path} has visual calibration version {meta.get('version')}",
+                    f"re-run `wmcheck calibrate {run_dir}`",
+                )
             keys = meta["keys"]
             arrays = {a: z[a] for a in cls._ARRAYS}
-            return cls(VisualConfig(**meta["config"]), keys, {k: z[f"reference_{k}"] for k in keys}, arrays["ref_step"],
-                       {k: z[f"frames_{k}"] for k in keys}, arrays["episode"], arrays["step"], arrays["null"],
-                       arrays["frame_step"], arrays["frame_set"])
+            return cls(
+                VisualConfig(**meta["config"]),
+                keys,
+                {k: z[f"reference_{k}"] for k in keys},
+                arrays["ref_step"],
+                {k: z[f"frames_{k}"] for k in keys},
+                arrays["episode"],
+                arrays["step"],
+                arrays["null"],
+                arrays["frame_step"],
+                arrays["frame_set"],
+            )
 
     @property
     def real_scale(self) -> float:
@@ -186,8 +206,10 @@ def _sample_frames(episodes, keys, stride: int) -> tuple[dict[str, np.ndarray], 
     for ep in episodes:
         missing = [k for k in keys if k not in ep.obs_groups]
         if missing:
-            raise UserError(f"episode {ep.id} has no camera frames {missing} (has {sorted(ep.obs_groups)})",
-                            "record the rollouts with the same cameras as the real log (wmcheck record --render WxH)")
+            raise UserError(
+                f"episode {ep.id} has no camera frames {missing} (has {sorted(ep.obs_groups)})",
+                "record the rollouts with the same cameras as the real log (wmcheck record --render WxH)",
+            )
         idx = np.arange(0, len(ep.obs_groups[keys[0]]), stride)
         for k in keys:
             frames[k].append(np.asarray(ep.obs_groups[k])[idx])
@@ -204,8 +226,10 @@ def calibrate_visual(model, held_out, training, cfg: VisualConfig | None = None)
     if not keys:
         raise ValueError("calibrate_visual needs a world model with image keys")
     if not held_out or not training:
-        raise UserError("the visual check needs held-out and training real episodes with frames",
-                        "train with --val-fraction > 0 on a log with camera frames")
+        raise UserError(
+            "the visual check needs held-out and training real episodes with frames",
+            "train with --val-fraction > 0 on a log with camera frames",
+        )
     rows = lambda eps: sum(len(ep.obs_groups[keys[0]]) for ep in eps if keys[0] in ep.obs_groups)  # noqa: E731
     stride = max(cfg.stride, int(np.ceil(max(rows(held_out), rows(training)) / cfg.max_frames)))
     cfg = VisualConfig(stride, cfg.segment, cfg.max_frames)
@@ -220,17 +244,24 @@ def calibrate_visual(model, held_out, training, cfg: VisualConfig | None = None)
 # ---------------------------------------------------------------------------------------- check
 
 
-def visual_gap(model, cal: VisualCalibration | None, episodes, alpha: float, clip=None,
-               tolerance=None) -> dict:
+def visual_gap(model, cal: VisualCalibration | None, episodes, alpha: float, clip=None, tolerance=None) -> dict:
     """The report's `visual` gap entry for checked Episodes (with frames), see the module docstring.
 
     clip: optional `clip_embedding.ClipEmbedder`; adds the CLIP cosine distance with its practice bands.
     tolerance: the gate's `tolerances.visual`: {max_distance_ratio, max_clip_distance}; a present gap
     within every given bound is "tolerated"."""
     if cal is None:
-        return {"verdict": "not_checked", "evidence": None, "estimate": None, "ci": None,
-                "explanation": ("the logs have no image observations" if not getattr(model.cfg, "image_keys", None)
-                                else "no visual calibration: re-run `wmcheck calibrate RUNDIR`")}
+        return {
+            "verdict": "not_checked",
+            "evidence": None,
+            "estimate": None,
+            "ci": None,
+            "explanation": (
+                "the logs have no image observations"
+                if not getattr(model.cfg, "image_keys", None)
+                else "no visual calibration: re-run `wmcheck calibrate RUNDIR`"
+            ),
+        }
     frames, eps, steps = _sample_frames(episodes, cal.keys, cal.config.stride)
     ref_emb, emb = embed(model, cal.reference), embed(model, frames)
     d_step, d_set = _nearest(emb, steps, ref_emb, cal.ref_step)
@@ -243,14 +274,24 @@ def visual_gap(model, cal: VisualCalibration | None, episodes, alpha: float, cli
     set_distance = float(np.linalg.norm(emb.mean(0) - embed(model, cal.frames).mean(0)) / scale)
     per_episode = {str(int(e)): round(float(np.median(d_set[eps == e]) / scale), 3) for e in np.unique(eps)}
     photo = {k: _photometric_shift(frames[k], eps, cal.frames[k], cal.episode) for k in cal.keys}
-    estimate = {"embedding": "world-model image encoder", "distance_ratio": round(ratio_set, 4),
-                "distance_ratio_matching_steps": round(ratio_step, 4), "set_distance": round(set_distance, 4),
-                "p_value": float(f"{p:.4g}"), "segments": int(len(scores)), "real_segments": int(len(cal.null)),
-                "frame_stride": int(cal.config.stride),
-                "per_episode_distance_ratio": per_episode, "photometric": photo, "clip": None}
-    explanation = (f"checked frames lie {ratio_set:.2f}x as far from the nearest real frame as held-out real frames do "
-                   f"({ratio_step:.2f}x at matching steps; world-model encoder; rank test p = {p:.3g}, "
-                   f"{len(scores)} checked vs {len(cal.null)} real segments)")
+    estimate = {
+        "embedding": "world-model image encoder",
+        "distance_ratio": round(ratio_set, 4),
+        "distance_ratio_matching_steps": round(ratio_step, 4),
+        "set_distance": round(set_distance, 4),
+        "p_value": float(f"{p:.4g}"),
+        "segments": int(len(scores)),
+        "real_segments": int(len(cal.null)),
+        "frame_stride": int(cal.config.stride),
+        "per_episode_distance_ratio": per_episode,
+        "photometric": photo,
+        "clip": None,
+    }
+    explanation = (
+        f"checked frames lie {ratio_set:.2f}x as far from the nearest real frame as held-out real frames do "
+        f"({ratio_step:.2f}x at matching steps; world-model encoder; rank test p = {p:.3g}, "
+        f"{len(scores)} checked vs {len(cal.null)} real segments)"
+    )
     said = [s for k in cal.keys for s in photo[k]["explains"]]
     if said:
         explanation += "; " + ", ".join(said)
@@ -258,12 +299,18 @@ def visual_gap(model, cal: VisualCalibration | None, episodes, alpha: float, cli
         k = cal.keys[0]
         estimate["clip"] = clip.compare(frames[k], steps, cal.reference[k], cal.ref_step, cal.frames[k], cal.step)
         c = estimate["clip"]
-        explanation += (f"; CLIP mean cosine distance {c['mean_cosine_distance']:.3f} (held-out real "
-                        f"{c['real_mean_cosine_distance']:.3f}): {c['practice']}")
+        explanation += (
+            f"; CLIP mean cosine distance {c['mean_cosine_distance']:.3f} (held-out real "
+            f"{c['real_mean_cosine_distance']:.3f}): {c['practice']}"
+        )
     verdict = "present" if evidence >= 1.0 else "absent"
     from wmcheck.checks.config import VisualTolerance
 
-    tol = tolerance if isinstance(tolerance, VisualTolerance) else VisualTolerance.from_dict(tolerance, "gate tolerances.visual")
+    tol = (
+        tolerance
+        if isinstance(tolerance, VisualTolerance)
+        else VisualTolerance.from_dict(tolerance, "gate tolerances.visual")
+    )
     clip_distance = estimate["clip"]["mean_cosine_distance"] if estimate["clip"] is not None else None
     if verdict == "present" and tol.covers(ratio_set, clip_distance):
         verdict = "tolerated"
@@ -271,10 +318,17 @@ def visual_gap(model, cal: VisualCalibration | None, episodes, alpha: float, cli
     estimate["smallest_attainable_p"] = float(f"{floor:.4g}")
     if floor >= alpha:  # it could not have failed: say so instead of calling the gap absent
         verdict = "not_checked"
-        explanation = (f"too few segments to test at alpha {alpha:g} ({len(scores)} checked, {len(cal.null)} held-out real: "
-                       f"the smallest attainable p is {floor:.3g}); check more episodes or hold out more real ones. " + explanation)
-    return {"verdict": verdict, "evidence": round(float(evidence), 3), "estimate": estimate, "ci": None,
-            "explanation": explanation}
+        explanation = (
+            f"too few segments to test at alpha {alpha:g} ({len(scores)} checked, {len(cal.null)} held-out real: "
+            f"the smallest attainable p is {floor:.3g}); check more episodes or hold out more real ones. " + explanation
+        )
+    return {
+        "verdict": verdict,
+        "evidence": round(float(evidence), 3),
+        "estimate": estimate,
+        "ci": None,
+        "explanation": explanation,
+    }
 
 
 def _photometric_shift(frames: np.ndarray, eps: np.ndarray, real: np.ndarray, real_eps: np.ndarray) -> dict:
@@ -295,7 +349,11 @@ def _photometric_shift(frames: np.ndarray, eps: np.ndarray, real: np.ndarray, re
         rel = (cm[i] - rm[i]) / max(abs(rm[i]), 1e-6)
         if abs(cm[i] - rm[i]) > 2 * spread[i] and abs(rel) > 0.03:
             word = STAT_WORDS[name][0 if rel > 0 else 1]
-            what = "mean luminance" if name == "luminance" else (f"{name} share" if name in ("red", "green", "blue") else name)
+            what = (
+                "mean luminance"
+                if name == "luminance"
+                else (f"{name} share" if name in ("red", "green", "blue") else name)
+            )
             out["explains"].append(f"simulated frames {abs(rel):.0%} {word} ({what} {cm[i]:.3g} vs real {rm[i]:.3g})")
     return out
 
@@ -309,14 +367,18 @@ def require_frames(model, episodes, path) -> None:
     for ep in episodes:
         missing = [k for k in keys if k not in ep.obs_groups]
         if missing:
-            raise UserError(f"{path}: episode {ep.id} has no camera frames {missing}; the model was trained on them",
-                            "record the rollouts with frames of the same size (wmcheck record --render "
-                            f"{W}x{H}) or check against a model trained with --no-images")
+            raise UserError(
+                f"{path}: episode {ep.id} has no camera frames {missing}; the model was trained on them",
+                "record the rollouts with frames of the same size (wmcheck record --render "
+                f"{W}x{H}) or check against a model trained with --no-images",
+            )
         for k, c in zip(keys, model.cfg.image_key_channels):
             shape = tuple(np.asarray(ep.obs_groups[k]).shape[1:])
             if shape != (H, W, c):
-                raise UserError(f"{path}: episode {ep.id} frames {k!r} are {shape}, the model's are {(H, W, c)}",
-                                f"record the rollouts with --render {W}x{H}")
+                raise UserError(
+                    f"{path}: episode {ep.id} frames {k!r} are {shape}, the model's are {(H, W, c)}",
+                    f"record the rollouts with --render {W}x{H}",
+                )
 
 
 def checked_video(model, blocks, order, context: int) -> dict[str, np.ndarray]:

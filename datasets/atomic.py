@@ -3,13 +3,14 @@
 Nothing half-written is ever left at the final path: on any exception the temporary file is
 removed and the target (if it existed) is untouched.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ with `embedded_mapping_path()`:
 
     from wmcheck.datasets.embedded import embedded_data_path, embedded_mapping_path
 """
+
 from __future__ import annotations
 
 import atexit

@@ -4,6 +4,7 @@ An `Episode` holds one episode in the log format's row convention (see log-forma
 `observations` has N+1 rows, `actions`/`inputs`/`rewards`/`terminations`/`truncations` N rows,
 `timestamps` N+1 rows. Extra observation groups (e.g. camera frames) live in `obs_groups`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -5,6 +5,7 @@ truncated HDF5, ...). The CLI prints `error: <problem>\n  fix: <fix>` and exits 
 traceback. Library callers get an ordinary exception they can catch. It lives in the lowest layer
 (datasets) so that every package can raise it without importing the CLI.
 """
+
 from __future__ import annotations
 
 

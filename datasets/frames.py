@@ -6,18 +6,24 @@ the concatenation of the chosen episodes' N+1 rows; a window [s, s+T) may cross 
 stored one per gzip chunk, so a read decompresses exactly those frames). The log file is opened on
 the first read and kept open; `close()` releases it.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 
 class FrameStream:
-    def __init__(self, path: str | os.PathLike, episode_ids: Sequence[int], rows: Sequence[int],
-                 specs: dict[str, tuple[tuple[int, ...], np.dtype]]):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        episode_ids: Sequence[int],
+        rows: Sequence[int],
+        specs: dict[str, tuple[tuple[int, ...], np.dtype]],
+    ):
         """episode_ids / rows: the stream's episodes in order and their row counts (N+1 each);
         specs: {key: (per-row shape, dtype)} of the image groups."""
         self.path = Path(path)

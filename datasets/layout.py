@@ -24,6 +24,7 @@ This module owns the parts of the layout that are not "one dataset, one array":
 Layout problems raise `LayoutError` (a ValueError); the reader turns it into a UserError, the
 validator into a finding.
 """
+
 from __future__ import annotations
 
 import json
@@ -159,8 +160,11 @@ def is_discrete(ds: h5py.Dataset) -> bool:
 
 def discrete_action_classes(f: h5py.File, path: Path, episodes: dict[int, str]) -> int | None:
     """Number of one-hot classes when the file's actions are discrete, else None (see module doc)."""
-    datasets = [f[g]["actions"] for g in episodes.values()
-                if isinstance(f[g].get("actions"), h5py.Dataset) and is_discrete(f[g]["actions"])]
+    datasets = [
+        f[g]["actions"]
+        for g in episodes.values()
+        if isinstance(f[g].get("actions"), h5py.Dataset) and is_discrete(f[g]["actions"])
+    ]
     if not datasets:
         return None
     if "num_action_classes" in f.attrs:
@@ -190,8 +194,10 @@ def _minari_discrete_n(path: Path) -> int | None:
 
 def action_dim(ds: h5py.Dataset | h5py.Group, num_classes: int | None) -> int:
     if isinstance(ds, h5py.Group):
-        raise LayoutError("actions stored as a group (a Dict/Tuple action space) are not supported: "
-                          "flatten them into one (N, A) dataset when importing")
+        raise LayoutError(
+            "actions stored as a group (a Dict/Tuple action space) are not supported: "
+            "flatten them into one (N, A) dataset when importing"
+        )
     if not _is_numeric(ds.dtype):
         raise LayoutError(f"actions have non-numeric dtype {ds.dtype}")
     if is_discrete(ds):
@@ -201,15 +207,13 @@ def action_dim(ds: h5py.Dataset | h5py.Group, num_classes: int | None) -> int:
     return width(ds)
 
 
-def read_actions(ds: h5py.Dataset, num_classes: int | None, start: int = 0,
-                 stop: int | None = None) -> np.ndarray:
+def read_actions(ds: h5py.Dataset, num_classes: int | None, start: int = 0, stop: int | None = None) -> np.ndarray:
     """Rows [start, stop) of the actions as float32 (rows, A); discrete actions one-hot."""
     x = np.asarray(ds[start:stop])
     if is_discrete(ds):
         k = action_dim(ds, num_classes)
         if x.size and (x.min() < 0 or x.max() >= k):
-            raise LayoutError(f"discrete action values must lie in [0, {k}), found "
-                              f"[{x.min()}, {x.max()}]")
+            raise LayoutError(f"discrete action values must lie in [0, {k}), found [{x.min()}, {x.max()}]")
         return np.eye(k, dtype=np.float32)[x]  # (rows, K)
     return x.astype(np.float32).reshape(x.shape[0], -1)  # (rows, A)
 
@@ -247,8 +251,7 @@ def check_format(attrs) -> list[str]:
             problems.append(f"format_version {attrs['format_version']!r} is not an integer")
         else:
             if version > FORMAT_VERSION:
-                problems.append(f"format_version {version} is newer than this wmcheck supports "
-                                f"({FORMAT_VERSION})")
+                problems.append(f"format_version {version} is newer than this wmcheck supports ({FORMAT_VERSION})")
             elif version < 1:
                 problems.append(f"format_version {version} is not a valid version")
     return problems
@@ -277,12 +280,15 @@ def meta_from_attrs(attrs, obs_names: list[str], action_names: list[str]) -> Log
             problems.append("units is not a JSON object {channel: unit}")
             units = {}
     try:
-        meta = LogMeta(source=source, dt=dt,
-                       observation_names=str_list(attrs.get("observation_names")) or obs_names,
-                       action_names=str_list(attrs.get("action_names")) or action_names,
-                       input_names=str_list(attrs.get("input_names")),
-                       units={str(k): str(v) for k, v in units.items()},
-                       format_version=int(attrs.get("format_version", FORMAT_VERSION)))
+        meta = LogMeta(
+            source=source,
+            dt=dt,
+            observation_names=str_list(attrs.get("observation_names")) or obs_names,
+            action_names=str_list(attrs.get("action_names")) or action_names,
+            input_names=str_list(attrs.get("input_names")),
+            units={str(k): str(v) for k, v in units.items()},
+            format_version=int(attrs.get("format_version", FORMAT_VERSION)),
+        )
     except ValueError as exc:
         problems.append(str(exc))
         meta = None

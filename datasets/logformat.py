@@ -17,20 +17,21 @@ Reading: `LogReader(path)` / `open_log(path)` opens lazily (attributes and the e
 breaks the format's rules (missing datasets, row counts, NaN/inf, non-increasing timestamps,
 dimensions that differ from the file's names). `wmcheck validate` gives the full report.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import h5py
 import numpy as np
 
 from wmcheck.datasets import layout as L
-from wmcheck.datasets.episode import FORMAT_NAME, FORMAT_VERSION, Episode, LogMeta
 from wmcheck.datasets.atomic import atomic_path
+from wmcheck.datasets.episode import FORMAT_NAME, FORMAT_VERSION, Episode, LogMeta
 from wmcheck.datasets.errors import UserError
 
 REQUIRED = ("observations", "actions", "terminations", "truncations")
@@ -61,7 +62,7 @@ class LogWriter:
         self._dims: tuple[int, int, int] | None = None  # (D, A, E) of the first episode
         self._groups: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
 
-    def __enter__(self) -> "LogWriter":
+    def __enter__(self) -> LogWriter:
         self._stack = contextlib.ExitStack()
         try:
             tmp = self._stack.enter_context(atomic_path(self.path, suffix=".h5"))
@@ -99,8 +100,7 @@ class LogWriter:
             for key, x in ep.obs_groups.items():
                 x = np.asarray(x)  # (N+1, ...) e.g. (N+1, H, W, C) uint8
                 chunks = (1, *x.shape[1:]) if x.shape[0] and x.size else None
-                og.create_dataset(key, data=x, chunks=chunks,
-                                  compression="gzip" if chunks else None)
+                og.create_dataset(key, data=x, chunks=chunks, compression="gzip" if chunks else None)
         else:
             g.create_dataset("observations", data=obs)
         g.create_dataset("actions", data=np.asarray(ep.actions, np.float32))  # (N, A)
@@ -117,8 +117,9 @@ class LogWriter:
         problems = []
         obs, act = np.asarray(ep.observations), np.asarray(ep.actions)
         if obs.ndim != 2 or act.ndim != 2:
-            raise ValueError(f"episode {ep.id}: observations must be (N+1, D) and actions (N, A), "
-                             f"got {obs.shape} and {act.shape}")
+            raise ValueError(
+                f"episode {ep.id}: observations must be (N+1, D) and actions (N, A), got {obs.shape} and {act.shape}"
+            )
         n = act.shape[0]
         e = 0 if ep.inputs is None else ep.inputs.shape[1]
         dims = (obs.shape[1], act.shape[1], e)
@@ -128,9 +129,13 @@ class LogWriter:
             problems.append("id is already in the file")
         if obs.shape[0] != n + 1:
             problems.append(f"observations have {obs.shape[0]} rows, expected N+1 = {n + 1}")
-        for name, x, rows in [("inputs", ep.inputs, n), ("rewards", ep.rewards, n),
-                              ("terminations", ep.terminations, n), ("truncations", ep.truncations, n),
-                              ("timestamps", ep.timestamps, n + 1)]:
+        for name, x, rows in [
+            ("inputs", ep.inputs, n),
+            ("rewards", ep.rewards, n),
+            ("terminations", ep.terminations, n),
+            ("truncations", ep.truncations, n),
+            ("timestamps", ep.timestamps, n + 1),
+        ]:
             if x is not None and x.shape[0] != rows:
                 problems.append(f"{name} have {x.shape[0]} rows, expected {rows}")
         if ep.inputs is not None and ep.inputs.ndim != 2:
@@ -142,9 +147,11 @@ class LogWriter:
                 problems.append(f"obs_groups[{key!r}] has {x.shape[0]} rows, expected {n + 1}")
         groups = {k: (tuple(x.shape[1:]), np.asarray(x).dtype) for k, x in ep.obs_groups.items()}
         if self._dims is None:
-            for what, names, d in [("observation", self.meta.observation_names, dims[0]),
-                                   ("action", self.meta.action_names, dims[1]),
-                                   ("input", self.meta.input_names, dims[2])]:
+            for what, names, d in [
+                ("observation", self.meta.observation_names, dims[0]),
+                ("action", self.meta.action_names, dims[1]),
+                ("input", self.meta.input_names, dims[2]),
+            ]:
                 if names and len(names) != d:
                     problems.append(f"{d} {what} columns but meta names {len(names)} {what} channels")
         else:
@@ -168,9 +175,11 @@ class LogWriter:
         if m.dt is not None:
             attrs["dt"] = float(m.dt)
         str_dtype = h5py.string_dtype()
-        for key, names, prefix, n in [("observation_names", m.observation_names, "obs", d),
-                                      ("action_names", m.action_names, "action", a),
-                                      ("input_names", m.input_names, "input", e)]:
+        for key, names, prefix, n in [
+            ("observation_names", m.observation_names, "obs", d),
+            ("action_names", m.action_names, "action", a),
+            ("input_names", m.input_names, "input", e),
+        ]:
             attrs[key] = np.array(list(names) or _generated(prefix, n), dtype=str_dtype)
         attrs["units"] = json.dumps(m.units)
 
@@ -191,17 +200,22 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
     path = Path(path)
     if path.is_dir():
         hint = next((p for p in (path / "data" / "main_data.hdf5", path / "main_data.hdf5") if p.exists()), None)
-        raise UserError(f"{path} is a folder, not a log file",
-                        f"pass the HDF5 file itself{f', e.g. {hint}' if hint else ''}")
+        raise UserError(
+            f"{path} is a folder, not a log file", f"pass the HDF5 file itself{f', e.g. {hint}' if hint else ''}"
+        )
     if not path.exists():
-        raise UserError(f"log file {path} does not exist",
-                        "check the path, or create the log with `wmcheck import` / `wmcheck record`")
+        raise UserError(
+            f"log file {path} does not exist",
+            "check the path, or create the log with `wmcheck import` / `wmcheck record`",
+        )
     try:
         return h5py.File(path, "r")
     except OSError as exc:
-        raise UserError(f"{path} is not a readable HDF5 file (truncated or not HDF5: {exc})",
-                        "re-create it with `wmcheck import` or re-copy it; a file cut off during "
-                        "copying or writing cannot be repaired") from None
+        raise UserError(
+            f"{path} is not a readable HDF5 file (truncated or not HDF5: {exc})",
+            "re-create it with `wmcheck import` or re-copy it; a file cut off during "
+            "copying or writing cannot be repaired",
+        ) from None
 
 
 class LogReader:
@@ -216,14 +230,17 @@ class LogReader:
         try:
             problems = L.check_format(self._file.attrs)
             if problems:
-                raise UserError(f"{self.path}: " + "; ".join(problems),
-                                "upgrade wmcheck, or convert the file to format version "
-                                f"{FORMAT_VERSION} with the wmcheck that wrote it")
+                raise UserError(
+                    f"{self.path}: " + "; ".join(problems),
+                    "upgrade wmcheck, or convert the file to format version "
+                    f"{FORMAT_VERSION} with the wmcheck that wrote it",
+                )
             self._groups = L.episode_index(self._file)
             if not self._groups:
-                raise UserError(f"{self.path} holds no episode groups (episode_<id>)",
-                                "is this a wmcheck log or a Minari main_data.hdf5? Re-create it "
-                                "with `wmcheck import`")
+                raise UserError(
+                    f"{self.path} holds no episode groups (episode_<id>)",
+                    "is this a wmcheck log or a Minari main_data.hdf5? Re-create it with `wmcheck import`",
+                )
         except BaseException:
             self._file.close()
             raise
@@ -232,7 +249,7 @@ class LogReader:
         self._obs_layouts: dict[int, L.ObsLayout] = {}
 
     # context manager / lifetime
-    def __enter__(self) -> "LogReader":
+    def __enter__(self) -> LogReader:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -251,8 +268,10 @@ class LogReader:
 
     def _group(self, episode_id: int) -> h5py.Group:
         if episode_id not in self._groups:
-            raise KeyError(f"episode {episode_id} is not in {self.path} "
-                           f"(ids {self.episode_ids[:5]}{'...' if len(self) > 5 else ''})")
+            raise KeyError(
+                f"episode {episode_id} is not in {self.path} "
+                f"(ids {self.episode_ids[:5]}{'...' if len(self) > 5 else ''})"
+            )
         return self._file[self._groups[episode_id]]
 
     def num_steps(self, episode_id: int) -> int:
@@ -262,8 +281,7 @@ class LogReader:
             return int(g["actions"].shape[0])
         if "total_steps" in g.attrs:
             return int(g.attrs["total_steps"])
-        raise UserError(f"episode {episode_id} of {self.path} has no actions",
-                        _VALIDATE_FIX.format(path=self.path))
+        raise UserError(f"episode {episode_id} of {self.path} has no actions", _VALIDATE_FIX.format(path=self.path))
 
     @property
     def meta(self) -> LogMeta:
@@ -302,11 +320,15 @@ class LogReader:
         except L.LayoutError as exc:
             ep, problems = None, [str(exc)]
         except OSError as exc:
-            raise UserError(f"could not read episode {episode_id} of {self.path}: {exc}",
-                            "the file is damaged (truncated?); re-create or re-copy it") from None
+            raise UserError(
+                f"could not read episode {episode_id} of {self.path}: {exc}",
+                "the file is damaged (truncated?); re-create or re-copy it",
+            ) from None
         if problems:
-            raise UserError(f"episode {episode_id} of {self.path} breaks the log format: "
-                            + "; ".join(problems), _VALIDATE_FIX.format(path=self.path))
+            raise UserError(
+                f"episode {episode_id} of {self.path} breaks the log format: " + "; ".join(problems),
+                _VALIDATE_FIX.format(path=self.path),
+            )
         return ep
 
     def _read(self, episode_id: int, g: h5py.Group, load_groups: bool = True) -> tuple[Episode | None, list[str]]:
@@ -327,18 +349,29 @@ class LogReader:
         terms = np.asarray(g["terminations"][()], bool)  # (N,)
         truncs = np.asarray(g["truncations"][()], bool)  # (N,)
         ts = np.asarray(g["timestamps"][()], np.float64) if "timestamps" in g else None  # (N+1,)
-        expected = {"observations": (obs, n + 1), "inputs": (inputs, n), "rewards": (rewards, n),
-                    "terminations": (terms, n), "truncations": (truncs, n), "timestamps": (ts, n + 1)}
+        expected = {
+            "observations": (obs, n + 1),
+            "inputs": (inputs, n),
+            "rewards": (rewards, n),
+            "terminations": (terms, n),
+            "truncations": (truncs, n),
+            "timestamps": (ts, n + 1),
+        }
         expected.update({f"observations/{k}": (x, n + 1) for k, x in groups.items()})
         if not load_groups:
-            problems += [f"observations/{k} has {r} rows, expected {n + 1} (actions have {n})"
-                         for k, r in groups_rows.items() if r != n + 1]
+            problems += [
+                f"observations/{k} has {r} rows, expected {n + 1} (actions have {n})"
+                for k, r in groups_rows.items()
+                if r != n + 1
+            ]
         for name, (x, rows) in expected.items():
             if x is not None and x.shape[0] != rows:
                 problems.append(f"{name} has {x.shape[0]} rows, expected {rows} (actions have {n})")
-        for name, x, names in [("observations", obs, meta.observation_names),
-                               ("actions", actions, meta.action_names),
-                               ("inputs", inputs, meta.input_names)]:
+        for name, x, names in [
+            ("observations", obs, meta.observation_names),
+            ("actions", actions, meta.action_names),
+            ("inputs", inputs, meta.input_names),
+        ]:
             d = 0 if x is None else x.shape[1]
             if (x is not None or names) and d != len(names):
                 problems.append(f"{name} have {d} columns but the file names {len(names)} channels")
@@ -354,10 +387,19 @@ class LogReader:
         except (TypeError, ValueError):  # older Minari wrote the string "None"
             seed = None
         name = g.attrs.get("name")
-        ep = Episode(observations=obs, actions=actions, inputs=inputs, rewards=rewards,
-                     terminations=terms, truncations=truncs, timestamps=ts, obs_groups=groups,
-                     id=episode_id, seed=seed,
-                     name=None if name is None else L.attr_str(name))
+        ep = Episode(
+            observations=obs,
+            actions=actions,
+            inputs=inputs,
+            rewards=rewards,
+            terminations=terms,
+            truncations=truncs,
+            timestamps=ts,
+            obs_groups=groups,
+            id=episode_id,
+            seed=seed,
+            name=None if name is None else L.attr_str(name),
+        )
         return ep, problems
 
     def episodes(self, ids: Iterable[int] | None = None, groups: bool = True) -> Iterator[Episode]:

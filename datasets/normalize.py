@@ -9,9 +9,10 @@ The normaliser is saved with the model (`to_dict()` is JSON-safe; `from_dict()` 
 or malformed statistics: never a silent pass-through). `norm_*`/`denorm_*` accept numpy arrays or
 torch tensors of shape (..., C) and raise ValueError when C does not match the statistics.
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -51,9 +52,13 @@ class _Running:
 class Normalizer:
     """Mean/std per channel for observations (D), actions (A) and inputs (E; may be 0)."""
 
-    def __init__(self, stats: dict[str, tuple[np.ndarray, np.ndarray]],
-                 names: dict[str, list[str]] | None = None, constant_channels: list[str] | None = None,
-                 ranges: dict[str, tuple[np.ndarray, np.ndarray]] | None = None):
+    def __init__(
+        self,
+        stats: dict[str, tuple[np.ndarray, np.ndarray]],
+        names: dict[str, list[str]] | None = None,
+        constant_channels: list[str] | None = None,
+        ranges: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    ):
         problems = []
         self.mean: dict[str, np.ndarray] = {}
         self.std: dict[str, np.ndarray] = {}
@@ -69,17 +74,22 @@ class Normalizer:
                 problems.append(f"{kind} statistics must be finite with std > 0")
             self.mean[kind], self.std[kind] = mean, std
         if problems:
-            raise ValueError("invalid normaliser: " + "; ".join(problems)
-                             + " (fit it on the training episodes with Normalizer.fit)")
+            raise ValueError(
+                "invalid normaliser: " + "; ".join(problems) + " (fit it on the training episodes with Normalizer.fit)"
+            )
         names = names or {}
         self.names = {k: list(names.get(k) or [f"{k}_{i}" for i in range(self.dim(k))]) for k in KINDS}
         self.constant_channels = list(constant_channels or [])
         # Training min / max per channel (None for normalisers saved before they were kept): the
         # operating range the model has seen, which the checks compare checked conditions with.
         self.range: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
-            k: ((np.asarray(ranges[k][0], np.float64).reshape(-1), np.asarray(ranges[k][1], np.float64).reshape(-1))
-                if ranges and k in ranges else None)
-            for k in KINDS}
+            k: (
+                (np.asarray(ranges[k][0], np.float64).reshape(-1), np.asarray(ranges[k][1], np.float64).reshape(-1))
+                if ranges and k in ranges
+                else None
+            )
+            for k in KINDS
+        }
 
     def dim(self, kind: str) -> int:
         return int(self.mean[kind].shape[0])
@@ -91,7 +101,7 @@ class Normalizer:
 
     # --- fitting ------------------------------------------------------------------------------
     @classmethod
-    def fit(cls, episodes: Iterable[Episode], meta: LogMeta | None = None) -> "Normalizer":
+    def fit(cls, episodes: Iterable[Episode], meta: LogMeta | None = None) -> Normalizer:
         """Fit on training episodes, streaming; each episode is touched once."""
         run: dict[str, _Running] | None = None
         for ep in episodes:
@@ -101,11 +111,15 @@ class Normalizer:
             for kind, x in arrays.items():
                 x = np.asarray(x)
                 if x.ndim != 2 or x.shape[1] != run[kind].mean.shape[0]:
-                    raise ValueError(f"episode {ep.id}: {_KIND_LABEL[kind]} shape {x.shape} does not "
-                                     f"match the first episode's {run[kind].mean.shape[0]} columns")
+                    raise ValueError(
+                        f"episode {ep.id}: {_KIND_LABEL[kind]} shape {x.shape} does not "
+                        f"match the first episode's {run[kind].mean.shape[0]} columns"
+                    )
                 if not np.isfinite(x).all():
-                    raise ValueError(f"episode {ep.id}: {_KIND_LABEL[kind]} contain NaN/inf; "
-                                     "run `wmcheck validate` and fix the log first")
+                    raise ValueError(
+                        f"episode {ep.id}: {_KIND_LABEL[kind]} contain NaN/inf; "
+                        "run `wmcheck validate` and fix the log first"
+                    )
                 run[kind].update(x)
         if run is None or run["obs"].n == 0:
             raise ValueError("cannot fit a normaliser on zero training episodes")
@@ -131,14 +145,18 @@ class Normalizer:
     def _stats_like(self, kind: str, x):
         mean, std = self.mean[kind], self.std[kind]
         if x.shape[-1] != mean.shape[0]:
-            raise ValueError(f"{_KIND_LABEL[kind]} have {x.shape[-1]} channels (shape {tuple(x.shape)}) "
-                             f"but the normaliser was fitted on {mean.shape[0]}")
+            raise ValueError(
+                f"{_KIND_LABEL[kind]} have {x.shape[-1]} channels (shape {tuple(x.shape)}) "
+                f"but the normaliser was fitted on {mean.shape[0]}"
+            )
         if isinstance(x, np.ndarray):
             return mean, std
         import torch  # a tensor: keep device and dtype
 
-        return (torch.as_tensor(mean, device=x.device, dtype=x.dtype),
-                torch.as_tensor(std, device=x.device, dtype=x.dtype))
+        return (
+            torch.as_tensor(mean, device=x.device, dtype=x.dtype),
+            torch.as_tensor(std, device=x.device, dtype=x.dtype),
+        )
 
     def _norm(self, kind: str, x):
         x = np.asarray(x, np.float32) if not hasattr(x, "device") else x
@@ -170,20 +188,35 @@ class Normalizer:
 
     # --- saving -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"version": NORMALIZER_VERSION,
-                **{kind: {"mean": self.mean[kind].tolist(), "std": self.std[kind].tolist(),
-                          "names": self.names[kind],
-                          **({"min": self.range[kind][0].tolist(), "max": self.range[kind][1].tolist()}
-                             if self.range[kind] is not None else {})} for kind in KINDS},
-                "constant_channels": list(self.constant_channels)}
+        return {
+            "version": NORMALIZER_VERSION,
+            **{
+                kind: {
+                    "mean": self.mean[kind].tolist(),
+                    "std": self.std[kind].tolist(),
+                    "names": self.names[kind],
+                    **(
+                        {"min": self.range[kind][0].tolist(), "max": self.range[kind][1].tolist()}
+                        if self.range[kind] is not None
+                        else {}
+                    ),
+                }
+                for kind in KINDS
+            },
+            "constant_channels": list(self.constant_channels),
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Normalizer":
+    def from_dict(cls, d: dict) -> Normalizer:
         if int(d.get("version", -1)) != NORMALIZER_VERSION:
             raise ValueError(f"normaliser version {d.get('version')!r} is not {NORMALIZER_VERSION}")
         missing = [f"{k}.{f}" for k in KINDS for f in ("mean", "std") if f not in d.get(k, {})]
         if missing:
             raise ValueError(f"normaliser statistics missing: {', '.join(missing)}")
         ranges = {k: (d[k]["min"], d[k]["max"]) for k in KINDS if "min" in d[k] and "max" in d[k]}
-        return cls({k: (d[k]["mean"], d[k]["std"]) for k in KINDS},
-                   {k: d[k].get("names") for k in KINDS}, d.get("constant_channels", []), ranges or None)
+        return cls(
+            {k: (d[k]["mean"], d[k]["std"]) for k in KINDS},
+            {k: d[k].get("names") for k in KINDS},
+            d.get("constant_channels", []),
+            ranges or None,
+        )

@@ -31,6 +31,7 @@ Episode i is reset with seed `seed + i` (stored as the episode's seed); random p
 the same way, so one episode can be reproduced on its own. `dt` comes from `env.unwrapped.dt`, else
 1 / metadata["render_fps"], else 1.0 with a warning.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -38,9 +39,10 @@ import importlib
 import math
 import os
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -75,13 +77,16 @@ def make_env(env_id: str, env_kwargs: dict | None = None):
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
-        raise UserError(f"{env_id} needs a package that is not installed: {exc}",
-                        "for MuJoCo environments: pip install 'wmcheck[mujoco]'") from None
+        raise UserError(
+            f"{env_id} needs a package that is not installed: {exc}",
+            "for MuJoCo environments: pip install 'wmcheck[mujoco]'",
+        ) from None
     except gym.error.Error as exc:  # NameNotFound, VersionNotFound, DeprecatedEnv, ...
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise UserError(f"cannot make environment {env_id!r}: {exc}",
-                        f"give a registered gymnasium id{hint} or module:Class") from None
+        raise UserError(
+            f"cannot make environment {env_id!r}: {exc}", f"give a registered gymnasium id{hint} or module:Class"
+        ) from None
     except TypeError as exc:
         raise UserError(f"cannot create {env_id} with {kwargs}: {exc}", "check --env-kwargs") from None
 
@@ -94,8 +99,10 @@ def env_dt(env) -> tuple[float, str | None]:
     fps = (getattr(env, "metadata", None) or {}).get("render_fps")
     if _positive(fps):
         return 1.0 / float(fps), None
-    return 1.0, (f"{env.spec.id if env.spec else type(env.unwrapped).__name__} has no dt and no render_fps: "
-                 "dt recorded as 1.0 s; time in reports will be in steps")
+    return 1.0, (
+        f"{env.spec.id if env.spec else type(env.unwrapped).__name__} has no dt and no render_fps: "
+        "dt recorded as 1.0 s; time in reports will be in steps"
+    )
 
 
 def _positive(x) -> bool:
@@ -114,13 +121,16 @@ class SpaceCodec:
     discrete: int | None  # number of classes of a Discrete action space, else None
 
     @classmethod
-    def for_env(cls, env) -> "SpaceCodec":
+    def for_env(cls, env) -> SpaceCodec:
         from gymnasium import spaces
 
         o, a = env.observation_space, env.action_space
         if not isinstance(o, spaces.Box):
-            raise UserError(f"observation space {o} is not supported", "record environments with Box observations "
-                            "(wrap Dict observations with gymnasium.wrappers.FlattenObservation)")
+            raise UserError(
+                f"observation space {o} is not supported",
+                "record environments with Box observations "
+                "(wrap Dict observations with gymnasium.wrappers.FlattenObservation)",
+            )
         if isinstance(a, spaces.Box):
             return cls(int(np.prod(o.shape)), int(np.prod(a.shape)), None)
         if isinstance(a, spaces.Discrete):
@@ -137,15 +147,20 @@ class SpaceCodec:
             x = np.asarray(a)
             idx = int(x.reshape(-1)[0]) - start if x.size == 1 else int(np.argmax(x))  # scores: best class
             if not 0 <= idx < self.discrete:
-                raise UserError(f"the policy returned action {a!r}, outside {env.action_space}",
-                                "return an integer class index (or one score per class)")
+                raise UserError(
+                    f"the policy returned action {a!r}, outside {env.action_space}",
+                    "return an integer class index (or one score per class)",
+                )
             row = np.zeros(self.discrete, np.float32)
             row[idx] = 1.0
             return start + idx, row
         row = np.asarray(a, np.float32).reshape(-1)
         if row.size != self.action_dim:
-            raise UserError(f"the policy returned an action of {row.size} values, the action space has "
-                            f"{self.action_dim} {env.action_space.shape}", "return one value per action dimension")
+            raise UserError(
+                f"the policy returned an action of {row.size} values, the action space has "
+                f"{self.action_dim} {env.action_space.shape}",
+                "return one value per action dimension",
+            )
         return row.reshape(env.action_space.shape), row
 
 
@@ -173,8 +188,9 @@ class _TorchScript:
         try:
             self.module = torch.jit.load(str(path), map_location="cpu").eval()
         except (RuntimeError, ValueError) as exc:
-            raise UserError(f"{path} is not a TorchScript module: {exc}",
-                            "save the policy with torch.jit.script(policy).save(path)") from None
+            raise UserError(
+                f"{path} is not a TorchScript module: {exc}", "save the policy with torch.jit.script(policy).save(path)"
+            ) from None
         self.torch = torch
 
     def __call__(self, obs):
@@ -215,7 +231,9 @@ def make_success(spec: str | SuccessFn | None) -> SuccessFn | None:
     if spec is None or callable(spec):
         return spec
     if ":" not in spec:
-        raise UserError(f"unknown success rule {spec!r}", "give module:callable, a function (episode, final_info) -> bool")
+        raise UserError(
+            f"unknown success rule {spec!r}", "give module:callable, a function (episode, final_info) -> bool"
+        )
     mod_name, _, attr = spec.partition(":")
     fn = _import_attr(mod_name, attr, "success", spec)
     if not callable(fn):
@@ -229,8 +247,10 @@ def episode_outcome(episode: Episode, final_info: dict, success: SuccessFn | Non
         try:
             value = success(episode, final_info)
         except Exception as exc:  # a user callable: name it and the episode
-            raise UserError(f"the success rule failed on episode {episode.id}: {type(exc).__name__}: {exc}",
-                            "fix the success callable; it receives (episode, final_info)") from None
+            raise UserError(
+                f"the success rule failed on episode {episode.id}: {type(exc).__name__}: {exc}",
+                "fix the success callable; it receives (episode, final_info)",
+            ) from None
         return Outcome(_as_bool(value, "the success rule"), "callable")
     for key in SUCCESS_INFO_KEYS:
         if key in (final_info or {}):
@@ -249,8 +269,10 @@ def _import_attr(mod_name: str, attr: str, what: str, spec: str):
     try:
         module = importlib.import_module(mod_name)
     except ImportError as exc:
-        raise UserError(f"cannot import the {what} module {mod_name!r} ({spec}): {exc}",
-                        "the module must be importable (installed, or on PYTHONPATH)") from None
+        raise UserError(
+            f"cannot import the {what} module {mod_name!r} ({spec}): {exc}",
+            "the module must be importable (installed, or on PYTHONPATH)",
+        ) from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -263,7 +285,7 @@ IMAGE_KEY = "image"
 
 
 def parse_render_size(spec: str) -> tuple[int, int]:
-    """"64x48" -> (64, 48) = (W, H); UserError otherwise."""
+    """ "64x48" -> (64, 48) = (W, H); UserError otherwise."""
     w, _, h = str(spec).lower().partition("x")
     try:
         size = (int(w), int(h))
@@ -307,8 +329,10 @@ def make_render_env(env_id: str, env_kwargs: dict | None, size: tuple[int, int])
         raise last
     if getattr(env, "render_mode", None) != "rgb_array":
         env.close()
-        raise UserError(f"{env_id} does not render rgb_array frames (render_mode {getattr(env, 'render_mode', None)!r})",
-                        'pass "render_mode": "rgb_array" in --env-kwargs to an env that supports it')
+        raise UserError(
+            f"{env_id} does not render rgb_array frames (render_mode {getattr(env, 'render_mode', None)!r})",
+            'pass "render_mode": "rgb_array" in --env-kwargs to an env that supports it',
+        )
     return env
 
 
@@ -317,14 +341,23 @@ class Recorder:
 
     render=(W, H) also stores the rendered frames (module docstring)."""
 
-    def __init__(self, env_id: str, policy: str | PolicyFn = "random", seed: int = 0,
-                 env_kwargs: dict | None = None, max_steps: int | None = None,
-                 success: str | SuccessFn | None = None, render: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        policy: str | PolicyFn = "random",
+        seed: int = 0,
+        env_kwargs: dict | None = None,
+        max_steps: int | None = None,
+        success: str | SuccessFn | None = None,
+        render: tuple[int, int] | None = None,
+    ):
         if max_steps is not None and max_steps < 1:
             raise UserError(f"max_steps must be >= 1, got {max_steps}", "e.g. --max-steps 200")
         self.env_id = env_id
         self.render = None if render is None else (int(render[0]), int(render[1]))
-        self.env = make_env(env_id, env_kwargs) if self.render is None else make_render_env(env_id, env_kwargs, self.render)
+        self.env = (
+            make_env(env_id, env_kwargs) if self.render is None else make_render_env(env_id, env_kwargs, self.render)
+        )
         try:
             self.codec = SpaceCodec.for_env(self.env)
             self.policy = make_policy(policy, self.env)
@@ -332,8 +365,7 @@ class Recorder:
             self.outcomes: dict[int, Outcome] = {}
             limit = self.env.spec.max_episode_steps if self.env.spec is not None else None
             if max_steps is None and limit is None:
-                raise UserError(f"{env_id} has no time limit, so episodes may never end",
-                                "give --max-steps M")
+                raise UserError(f"{env_id} has no time limit, so episodes may never end", "give --max-steps M")
             self.seed, self.max_steps = int(seed), max_steps
             self.dt, self.dt_warning = env_dt(self.env)
             if self.render:
@@ -350,9 +382,12 @@ class Recorder:
             warnings.warn(self.dt_warning, stacklevel=2)
 
     def meta(self, source: str = "sim") -> LogMeta:
-        return LogMeta(source=source, dt=self.dt,
-                       observation_names=[f"obs_{i}" for i in range(self.codec.obs_dim)],
-                       action_names=[f"act_{i}" for i in range(self.codec.action_dim)])
+        return LogMeta(
+            source=source,
+            dt=self.dt,
+            observation_names=[f"obs_{i}" for i in range(self.codec.obs_dim)],
+            action_names=[f"act_{i}" for i in range(self.codec.action_dim)],
+        )
 
     def episodes(self, n: int, first_id: int = 0) -> Iterator[Episode]:
         for i in range(n):
@@ -383,12 +418,20 @@ class Recorder:
         obs_arr = np.stack(observations)  # (N+1, D)
         if not np.isfinite(obs_arr).all():
             bad = int(np.argmax(~np.isfinite(obs_arr).all(axis=1)))
-            raise UserError(f"{self.env_id} returned a non-finite observation at row {bad} of episode {ep_id}",
-                            "the simulation diverged: lower --max-steps or check the environment")
-        episode = Episode(observations=obs_arr, actions=np.stack(actions),  # (N, A)
-                          rewards=np.asarray(rewards, np.float32), terminations=np.asarray(terms, bool),
-                          truncations=np.asarray(truncs, bool), id=ep_id, seed=seed,
-                          obs_groups={IMAGE_KEY: np.stack(frames)} if self.render else {})  # (N+1, H, W, C)
+            raise UserError(
+                f"{self.env_id} returned a non-finite observation at row {bad} of episode {ep_id}",
+                "the simulation diverged: lower --max-steps or check the environment",
+            )
+        episode = Episode(
+            observations=obs_arr,
+            actions=np.stack(actions),  # (N, A)
+            rewards=np.asarray(rewards, np.float32),
+            terminations=np.asarray(terms, bool),
+            truncations=np.asarray(truncs, bool),
+            id=ep_id,
+            seed=seed,
+            obs_groups={IMAGE_KEY: np.stack(frames)} if self.render else {},
+        )  # (N+1, H, W, C)
         self.outcomes[ep_id] = episode_outcome(episode, info, self.success)
         return episode
 
@@ -398,35 +441,55 @@ class Recorder:
         try:
             frame = self.env.render()
         except gym.error.DependencyNotInstalled as exc:
-            raise UserError(f"{self.env_id} cannot render: {exc}", "install the renderer it names, or record without --render") from None
+            raise UserError(
+                f"{self.env_id} cannot render: {exc}", "install the renderer it names, or record without --render"
+            ) from None
         frame = np.asarray(frame) if frame is not None else None
         if frame is None or frame.ndim != 3 or frame.dtype != np.uint8:
-            raise UserError(f"{self.env_id} rendered {None if frame is None else (frame.shape, frame.dtype)}, "
-                            "not an (H, W, C) uint8 frame", 'record envs that support render_mode="rgb_array"')
+            raise UserError(
+                f"{self.env_id} rendered {None if frame is None else (frame.shape, frame.dtype)}, "
+                "not an (H, W, C) uint8 frame",
+                'record envs that support render_mode="rgb_array"',
+            )
         return resize_frame(frame, self.render)
 
     def close(self) -> None:
         self.env.close()
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def record_episodes(env_id: str, policy: str | PolicyFn = "random", episodes: int = 1,
-                    max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None,
-                    render: tuple[int, int] | None = None) -> list[Episode]:
+def record_episodes(
+    env_id: str,
+    policy: str | PolicyFn = "random",
+    episodes: int = 1,
+    max_steps: int | None = None,
+    seed: int = 0,
+    env_kwargs: dict | None = None,
+    render: tuple[int, int] | None = None,
+) -> list[Episode]:
     """Record `episodes` episodes in memory (for benchmarks and tests)."""
     with Recorder(env_id, policy, seed, env_kwargs, max_steps, render=render) as rec:
         return list(rec.episodes(episodes))
 
 
-def record_to_log(path, env_id: str, policy: str | PolicyFn = "random", episodes: int = 1,
-                  max_steps: int | None = None, seed: int = 0, env_kwargs: dict | None = None,
-                  source: str = "sim", success: str | SuccessFn | None = None,
-                  outcomes: dict[int, Outcome] | None = None, render: tuple[int, int] | None = None) -> tuple[LogMeta, int]:
+def record_to_log(
+    path,
+    env_id: str,
+    policy: str | PolicyFn = "random",
+    episodes: int = 1,
+    max_steps: int | None = None,
+    seed: int = 0,
+    env_kwargs: dict | None = None,
+    source: str = "sim",
+    success: str | SuccessFn | None = None,
+    outcomes: dict[int, Outcome] | None = None,
+    render: tuple[int, int] | None = None,
+) -> tuple[LogMeta, int]:
     """Record straight into a log file through LogWriter (atomic); returns (meta, total steps).
     Each episode's `Outcome` (success) is added to `outcomes` when a dict is given."""
     from wmcheck.datasets.logformat import LogWriter

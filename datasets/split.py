@@ -9,10 +9,11 @@ that the validation share is val_fraction in expectation, not exactly. Two guard
 - at least one training episode always (the highest-u validation episode moves back).
 The guards only act on tiny logs; val_fraction == 0 gives no validation episodes.
 """
+
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def _u(seed: int, episode_id: int) -> float:
@@ -20,8 +21,7 @@ def _u(seed: int, episode_id: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
-def split_episodes(episode_ids: Iterable[int], val_fraction: float,
-                   seed: int = 0) -> tuple[list[int], list[int]]:
+def split_episodes(episode_ids: Iterable[int], val_fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
     """(train_ids, val_ids), each sorted."""
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")

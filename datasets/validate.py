@@ -31,6 +31,7 @@ Findings (code — severity — rule):
   between min and max. The second condition keeps binary, one-hot and bang-bang channels (which
   only ever take their extreme values) from being reported.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,8 @@ import h5py
 import numpy as np
 
 from wmcheck.datasets import layout as L
-from wmcheck.datasets.logformat import REQUIRED, open_h5
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.logformat import REQUIRED, open_h5
 
 REPORT_VERSION = 1
 SATURATION_AT_LIMIT = 0.20  # fraction of values at one limit that counts as saturated ...
@@ -61,8 +62,12 @@ class Finding:
     message: str
 
     def format(self) -> str:
-        where = "".join([f" episode {self.episode}" if self.episode is not None else "",
-                         f" [{self.channel}]" if self.channel else ""])
+        where = "".join(
+            [
+                f" episode {self.episode}" if self.episode is not None else "",
+                f" [{self.channel}]" if self.channel else "",
+            ]
+        )
         return f"{self.severity:7s} {self.code}{where}: {self.message}"
 
 
@@ -99,14 +104,18 @@ class ValidationReport:
         return {f.code for f in self.findings if severity in (None, f.severity)}
 
     def to_dict(self) -> dict:
-        return {"report_version": REPORT_VERSION, "path": self.path, "ok": self.ok,
-                "summary": asdict(self.summary), "findings": [asdict(f) for f in self.findings]}
+        return {
+            "report_version": REPORT_VERSION,
+            "path": self.path,
+            "ok": self.ok,
+            "summary": asdict(self.summary),
+            "findings": [asdict(f) for f in self.findings],
+        }
 
     def format_text(self) -> str:
         s = self.summary
         dt = "unknown" if s.dt is None else f"{s.dt:g} s"
-        lines = [f"log {self.path}",
-                 f"  {s.episodes} episodes, {s.total_steps} steps, source {s.source}, dt {dt}"]
+        lines = [f"log {self.path}", f"  {s.episodes} episodes, {s.total_steps} steps, source {s.source}, dt {dt}"]
         for kind, chans in s.channels.items():
             lines.append(f"  {kind} ({len(chans)} channels)")
             if chans:
@@ -114,8 +123,10 @@ class ValidationReport:
                 lines.append(f"    {'name':{w}s} {'min':>12s} {'max':>12s} {'mean':>12s}")
                 lines += [f"    {c.name:{w}s} {c.min:12.5g} {c.max:12.5g} {c.mean:12.5g}" for c in chans]
         n_err = sum(f.severity == "error" for f in self.findings)
-        lines.append(f"findings: {n_err} error(s), {len(self.findings) - n_err} warning(s)"
-                     + ("" if self.findings else " — the log is valid"))
+        lines.append(
+            f"findings: {n_err} error(s), {len(self.findings) - n_err} warning(s)"
+            + ("" if self.findings else " — the log is valid")
+        )
         lines += ["  " + f.format() for f in self.findings]
         return "\n".join(lines)
 
@@ -145,8 +156,10 @@ class _ChannelStats:
                 self.bad_episodes[j].append(episode)
         self.count += finite.sum(0)
         self.sum += np.where(finite, x, 0.0).sum(0)
-        for lim, at, pad, better in [(self.min, self.at_min, np.inf, np.less),
-                                     (self.max, self.at_max, -np.inf, np.greater)]:
+        for lim, at, pad, better in [
+            (self.min, self.at_min, np.inf, np.less),
+            (self.max, self.at_max, -np.inf, np.greater),
+        ]:
             block = np.where(finite, x, pad).min(0) if pad > 0 else np.where(finite, x, pad).max(0)
             hits = ((x == block) & finite).sum(0)  # (D,)
             new, same = better(block, lim), block == lim
@@ -156,10 +169,17 @@ class _ChannelStats:
 
     def summaries(self) -> list[ChannelSummary]:
         mean = np.where(self.count > 0, self.sum / np.maximum(self.count, 1), np.nan)
-        return [ChannelSummary(n, float(self.min[j]) if self.count[j] else float("nan"),
-                               float(self.max[j]) if self.count[j] else float("nan"),
-                               float(mean[j]), int(self.count[j]), int(self.nonfinite[j]))
-                for j, n in enumerate(self.names)]
+        return [
+            ChannelSummary(
+                n,
+                float(self.min[j]) if self.count[j] else float("nan"),
+                float(self.max[j]) if self.count[j] else float("nan"),
+                float(mean[j]),
+                int(self.count[j]),
+                int(self.nonfinite[j]),
+            )
+            for j, n in enumerate(self.names)
+        ]
 
     def findings(self, kind: str) -> list[Finding]:
         out = []
@@ -167,23 +187,38 @@ class _ChannelStats:
             ch = f"{kind}/{name}"
             if self.nonfinite[j]:
                 eps = self.bad_episodes[j]
-                out.append(Finding("error", "nonfinite", None, ch,
-                                   f"{self.nonfinite[j]} NaN/inf values in {len(eps)} episode(s) "
-                                   f"(first: {', '.join(map(str, eps[:5]))})"))
+                out.append(
+                    Finding(
+                        "error",
+                        "nonfinite",
+                        None,
+                        ch,
+                        f"{self.nonfinite[j]} NaN/inf values in {len(eps)} episode(s) "
+                        f"(first: {', '.join(map(str, eps[:5]))})",
+                    )
+                )
             n = self.count[j]
             if n < 2:
                 continue
             if self.min[j] == self.max[j]:
-                out.append(Finding("warning", "constant_channel", None, ch,
-                                   f"constant at {self.min[j]:g} over {n} values"))
+                out.append(
+                    Finding("warning", "constant_channel", None, ch, f"constant at {self.min[j]:g} over {n} values")
+                )
                 continue
             interior = n - self.at_min[j] - self.at_max[j]
             for lim, at in [("min", self.at_min[j]), ("max", self.at_max[j])]:
                 if at > SATURATION_AT_LIMIT * n and interior >= SATURATION_INTERIOR * n:
                     value = self.min[j] if lim == "min" else self.max[j]
-                    out.append(Finding("warning", "saturated_channel", None, ch,
-                                       f"{100 * at / n:.0f}% of values sit exactly at its {lim} "
-                                       f"{value:g}: clipped at a sensor or actuator limit?"))
+                    out.append(
+                        Finding(
+                            "warning",
+                            "saturated_channel",
+                            None,
+                            ch,
+                            f"{100 * at / n:.0f}% of values sit exactly at its {lim} "
+                            f"{value:g}: clipped at a sensor or actuator limit?",
+                        )
+                    )
         return out
 
 
@@ -202,8 +237,10 @@ class _Validator:
     def run(self) -> ValidationReport:
         problems = L.check_format(self.f.attrs)
         if problems:
-            raise UserError(f"{self.path}: " + "; ".join(problems),
-                            "upgrade wmcheck, or convert the file to a supported format version")
+            raise UserError(
+                f"{self.path}: " + "; ".join(problems),
+                "upgrade wmcheck, or convert the file to a supported format version",
+            )
         groups = L.episode_index(self.f)
         if not groups:
             self.add("error", "no_episodes", "the file holds no episode_<id> groups")
@@ -212,8 +249,9 @@ class _Validator:
         except L.LayoutError as exc:
             self.add("error", "bad_actions", str(exc), channel="actions")
         # The first episode whose layout resolves sets the reference dims (shapes only, no data).
-        self.ref = next((s for s in map(self._quiet_signature, (self.f[n] for n in groups.values()))
-                         if s is not None), None)
+        self.ref = next(
+            (s for s in map(self._quiet_signature, (self.f[n] for n in groups.values())) if s is not None), None
+        )
         meta = self._meta()
         self.summary.source = meta.source if meta else None
         self.summary.dt = meta.dt if meta else None
@@ -244,14 +282,24 @@ class _Validator:
             meta = None
         if self.ref is None:
             return meta
-        names = {"observations": ref["obs_names"], "actions": [f"action_{i}" for i in range(ref["A"])],
-                 "inputs": [f"input_{i}" for i in range(ref["E"])]}
+        names = {
+            "observations": ref["obs_names"],
+            "actions": [f"action_{i}" for i in range(ref["A"])],
+            "inputs": [f"input_{i}" for i in range(ref["E"])],
+        }
         for kind, d in [("observations", ref["D"]), ("actions", ref["A"]), ("inputs", ref["E"])]:
-            stored = {"observations": meta.observation_names, "actions": meta.action_names,
-                      "inputs": meta.input_names}[kind] if meta else names[kind]
+            stored = (
+                {"observations": meta.observation_names, "actions": meta.action_names, "inputs": meta.input_names}[kind]
+                if meta
+                else names[kind]
+            )
             if len(stored) != d:
-                self.add("error", "names_mismatch", f"the data has {d} {kind} columns but the "
-                         f"file attributes name {len(stored)}", channel=kind)
+                self.add(
+                    "error",
+                    "names_mismatch",
+                    f"the data has {d} {kind} columns but the file attributes name {len(stored)}",
+                    channel=kind,
+                )
             else:
                 names[kind] = stored
             self.stats[kind] = _ChannelStats(list(names[kind]))
@@ -260,8 +308,11 @@ class _Validator:
     def _episode(self, eid: int, g: h5py.Group) -> None:
         add = lambda sev, code, msg, ch=None: self.add(sev, code, msg, eid, ch)  # noqa: E731
         if "id" in g.attrs and int(g.attrs["id"]) != eid:
-            add("warning", "id_mismatch", f"attribute id={int(g.attrs['id'])} but the group is "
-                f"episode_{eid}; using {eid}")
+            add(
+                "warning",
+                "id_mismatch",
+                f"attribute id={int(g.attrs['id'])} but the group is episode_{eid}; using {eid}",
+            )
         for key in REQUIRED:
             if key not in g:
                 add("error", "missing_dataset", f"dataset {key} is missing", key)
@@ -281,19 +332,32 @@ class _Validator:
         n = int(n)
         self.summary.total_steps += n
         if "total_steps" in g.attrs and act is not None and int(g.attrs["total_steps"]) != n:
-            add("error", "total_steps_mismatch",
-                f"attribute total_steps={int(g.attrs['total_steps'])} but actions have {n} rows")
+            add(
+                "error",
+                "total_steps_mismatch",
+                f"attribute total_steps={int(g.attrs['total_steps'])} but actions have {n} rows",
+            )
         if n == 0:
             add("warning", "zero_steps", "the episode has no steps")
-        rows = {f"observations/{k}".rstrip("/"): (r, n + 1)
-                for k, r in (L.component_rows(g["observations"], lay).items() if lay else [])}
-        rows.update({k: (g[k].shape[0], n + (k == "timestamps")) for k in
-                     ("inputs", "rewards", "terminations", "truncations", "timestamps")
-                     if isinstance(g.get(k), h5py.Dataset)})
+        rows = {
+            f"observations/{k}".rstrip("/"): (r, n + 1)
+            for k, r in (L.component_rows(g["observations"], lay).items() if lay else [])
+        }
+        rows.update(
+            {
+                k: (g[k].shape[0], n + (k == "timestamps"))
+                for k in ("inputs", "rewards", "terminations", "truncations", "timestamps")
+                if isinstance(g.get(k), h5py.Dataset)
+            }
+        )
         for k, (r, want) in rows.items():
             if r != want:
-                add("error", "row_count", f"{k} has {r} rows, expected {want} "
-                    f"({'N+1' if want == n + 1 else 'N'} with N = {n} actions)", k)
+                add(
+                    "error",
+                    "row_count",
+                    f"{k} has {r} rows, expected {want} ({'N+1' if want == n + 1 else 'N'} with N = {n} actions)",
+                    k,
+                )
         self._timestamps(eid, g, add)
         if isinstance(g.get("rewards"), h5py.Dataset):
             r = np.asarray(g["rewards"][()], np.float64)  # (N,)
@@ -302,8 +366,13 @@ class _Validator:
         if isinstance(g.get("terminations"), h5py.Dataset) and n > 1 and g["terminations"].shape[0] == n:
             early = int(np.asarray(g["terminations"][: n - 1], bool).sum())
             if early:
-                add("warning", "early_termination", f"terminations is true at {early} step(s) "
-                    "before the last: steps after a termination carry no valid dynamics", "terminations")
+                add(
+                    "warning",
+                    "early_termination",
+                    f"terminations is true at {early} step(s) "
+                    "before the last: steps after a termination carry no valid dynamics",
+                    "terminations",
+                )
         if lay is None or act is None:
             return
         try:
@@ -319,18 +388,31 @@ class _Validator:
         a = L.action_dim(act, self.classes)  # LayoutError for the caller
         obs = g["observations"]
         inputs = g.get("inputs")
-        return {"D": lay.dim, "A": a, "E": L.width(inputs) if inputs is not None else 0,
-                "obs_names": lay.names, "obs_keys": lay.vector_keys,
-                "groups": {k: tuple(obs[k].shape[1:]) for k in lay.group_keys},
-                "dtypes": {**{f"observations/{k}".rstrip("/"): L.component(obs, k).dtype
-                              for k in lay.vector_keys + lay.group_keys},
-                           "actions": act.dtype,
-                           **({"inputs": inputs.dtype} if inputs is not None else {})}}
+        return {
+            "D": lay.dim,
+            "A": a,
+            "E": L.width(inputs) if inputs is not None else 0,
+            "obs_names": lay.names,
+            "obs_keys": lay.vector_keys,
+            "groups": {k: tuple(obs[k].shape[1:]) for k in lay.group_keys},
+            "dtypes": {
+                **{
+                    f"observations/{k}".rstrip("/"): L.component(obs, k).dtype for k in lay.vector_keys + lay.group_keys
+                },
+                "actions": act.dtype,
+                **({"inputs": inputs.dtype} if inputs is not None else {}),
+            },
+        }
 
     def _same_as_ref(self, sig, add) -> bool:
         ref, same = self.ref, True
-        for key, what in [("D", "observation columns"), ("A", "action columns"), ("E", "input columns"),
-                          ("obs_keys", "observation keys"), ("groups", "observation groups")]:
+        for key, what in [
+            ("D", "observation columns"),
+            ("A", "action columns"),
+            ("E", "input columns"),
+            ("obs_keys", "observation keys"),
+            ("groups", "observation groups"),
+        ]:
             if sig[key] != ref[key]:
                 add("error", "dim_mismatch", f"{what} {sig[key]} differ from the first episode's {ref[key]}")
                 same = False
@@ -343,8 +425,10 @@ class _Validator:
     def _stream(self, eid, g, lay, act) -> None:
         obs = g["observations"]
         obs_rows = min([L.component(obs, k).shape[0] for k in lay.vector_keys] or [0])
-        jobs = [("observations", obs_rows, lambda s, e: L.read_state(obs, lay, s, e)),
-                ("actions", act.shape[0], lambda s, e: L.read_actions(act, self.classes, s, e))]
+        jobs = [
+            ("observations", obs_rows, lambda s, e: L.read_state(obs, lay, s, e)),
+            ("actions", act.shape[0], lambda s, e: L.read_actions(act, self.classes, s, e)),
+        ]
         if "inputs" in g:
             jobs.append(("inputs", g["inputs"].shape[0], lambda s, e: L.read_vector(g["inputs"], s, e)))
         for kind, rows, read in jobs:
@@ -366,17 +450,26 @@ class _Validator:
         d = np.diff(ts)  # (N,)
         bad = d <= 0
         if bad.any():
-            add("error", "timestamps_not_increasing", f"{int(bad.sum())} step(s) with a timestamp "
-                f"difference <= 0 (first at step {int(np.flatnonzero(bad)[0])})", "timestamps")
+            add(
+                "error",
+                "timestamps_not_increasing",
+                f"{int(bad.sum())} step(s) with a timestamp "
+                f"difference <= 0 (first at step {int(np.flatnonzero(bad)[0])})",
+                "timestamps",
+            )
         good = d[~bad]
         if good.size == 0:
             return
         ref = self.summary.dt or float(np.median(good))
         off = np.abs(good - ref) > DT_TOLERANCE * ref
         if off.any():
-            add("warning", "irregular_dt", f"{int(off.sum())} of {d.size} step(s) deviate from the "
+            add(
+                "warning",
+                "irregular_dt",
+                f"{int(off.sum())} of {d.size} step(s) deviate from the "
                 f"period {ref:g} s by more than {DT_TOLERANCE:.0%} (range {good.min():g}..{good.max():g} s)",
-                "timestamps")
+                "timestamps",
+            )
 
 
 def validate_log(path: str | os.PathLike) -> ValidationReport:
@@ -387,8 +480,9 @@ def validate_log(path: str | os.PathLike) -> ValidationReport:
         try:
             return v.run()
         except OSError as exc:
-            raise UserError(f"could not read {path}: {exc}",
-                            "the file is damaged (truncated?); re-create or re-copy it") from None
+            raise UserError(
+                f"could not read {path}: {exc}", "the file is damaged (truncated?); re-create or re-copy it"
+            ) from None
 
 
 def _json_safe(x):

@@ -1,9 +1,11 @@
 """The installed wmcheck version (stamped into logs, checkpoints and reports)."""
+
 from __future__ import annotations
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError, version as _version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _version
 
     try:
         return _version("wmcheck")

@@ -26,18 +26,19 @@ Memory: the sampler holds its episodes' vector step views (normalised float32) i
 frames stay in the log when the source is a file: each sampled window reads only its own frames
 (`frames.FrameStream`). Episodes given in memory keep their frames in memory.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import numpy as np
 
 from wmcheck.datasets.episode import Episode
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.frames import FrameStream
 from wmcheck.datasets.normalize import Normalizer
-from wmcheck.datasets.errors import UserError
 
 BATCH_FIELDS = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
 _ARRAYS = BATCH_FIELDS
@@ -60,13 +61,15 @@ class StepArrays:
         return int(self.obs.shape[0])
 
     @classmethod
-    def concat(cls, parts: Sequence["StepArrays"]) -> "StepArrays":
+    def concat(cls, parts: Sequence[StepArrays]) -> StepArrays:
         keys = set(parts[0].images)
         for p in parts:
             if set(p.images) != keys:
                 raise ValueError(f"episodes differ in observation groups: {sorted(keys)} vs {sorted(p.images)}")
-        return cls(*(np.concatenate([getattr(p, a) for p in parts]) for a in _ARRAYS),
-                   images={k: np.concatenate([p.images[k] for p in parts]) for k in keys})
+        return cls(
+            *(np.concatenate([getattr(p, a) for p in parts]) for a in _ARRAYS),
+            images={k: np.concatenate([p.images[k] for p in parts]) for k in keys},
+        )
 
 
 @dataclass
@@ -87,7 +90,7 @@ class Batch:
         """(B, T)."""
         return tuple(self.reward.shape)
 
-    def check(self) -> "Batch":
+    def check(self) -> Batch:
         """Assert that every field is (B, T, ...) with the same B and T."""
         bt = tuple(self.reward.shape)
         assert len(bt) == 2, f"reward must be (B, T), got {bt}"
@@ -97,10 +100,12 @@ class Batch:
         for name in ("is_first", "is_last", "is_terminal"):
             assert tuple(getattr(self, name).shape) == bt, f"{name} must be {bt}, got {getattr(self, name).shape}"
         for key, x in self.images.items():
-            assert tuple(x.shape[:2]) == bt and len(x.shape) == 5, f"images[{key}] must be (B, T, H, W, C), got {x.shape}"
+            assert tuple(x.shape[:2]) == bt and len(x.shape) == 5, (
+                f"images[{key}] must be (B, T, H, W, C), got {x.shape}"
+            )
         return self
 
-    def start_from_initial_state(self) -> "Batch":
+    def start_from_initial_state(self) -> Batch:
         """Make column 0 of every window an episode start, in place, and return self: `is_first`
         True, and for windows cut mid-episode the previous action, input and reward zeroed, so
         every window starts from the model's initial state exactly as an episode does. The one
@@ -112,25 +117,26 @@ class Batch:
         self.reward[forced, 0] = 0.0
         return self
 
-    def map(self, fn) -> "Batch":
+    def map(self, fn) -> Batch:
         """A new Batch with `fn` applied to every array (images included): slicing, moving, copying."""
         return Batch(*(fn(getattr(self, a)) for a in _ARRAYS), images={k: fn(v) for k, v in self.images.items()})
 
     @classmethod
-    def concat(cls, batches: Sequence["Batch"]) -> "Batch":
+    def concat(cls, batches: Sequence[Batch]) -> Batch:
         """Concatenate numpy Batches along the batch axis."""
-        return cls(*(np.concatenate([getattr(b, a) for b in batches]) for a in _ARRAYS),
-                   images={k: np.concatenate([b.images[k] for b in batches]) for k in batches[0].images})
+        return cls(
+            *(np.concatenate([getattr(b, a) for b in batches]) for a in _ARRAYS),
+            images={k: np.concatenate([b.images[k] for b in batches]) for k in batches[0].images},
+        )
 
-    def to_torch(self, device="cpu") -> "Batch":
+    def to_torch(self, device="cpu") -> Batch:
         """The same batch as torch tensors on `device` (bool masks stay bool, images stay uint8)."""
         import torch
 
         def t(x):
             return torch.as_tensor(np.ascontiguousarray(x), device=device)
 
-        return Batch(*(t(getattr(self, a)) for a in _ARRAYS),
-                     images={k: t(v) for k, v in self.images.items()})
+        return Batch(*(t(getattr(self, a)) for a in _ARRAYS), images={k: t(v) for k, v in self.images.items()})
 
 
 def episode_steps(ep: Episode, normalizer: Normalizer) -> StepArrays:
@@ -159,8 +165,10 @@ def episode_steps(ep: Episode, normalizer: Normalizer) -> StepArrays:
 
 def _batch_of(s: StepArrays, idx: np.ndarray) -> Batch:
     """Gather rows `idx` (B, T) of a stream into a Batch."""
-    return Batch(*(getattr(s, a)[idx] for a in _ARRAYS),  # each (B, T, ...)
-                 images={k: v[idx] for k, v in s.images.items()})
+    return Batch(
+        *(getattr(s, a)[idx] for a in _ARRAYS),  # each (B, T, ...)
+        images={k: v[idx] for k, v in s.images.items()},
+    )
 
 
 class WindowSampler:
@@ -170,8 +178,13 @@ class WindowSampler:
     and orders the episodes of the stream (None = all, in id order for a log, list order otherwise).
     """
 
-    def __init__(self, source: str | os.PathLike | Sequence[Episode], episode_ids: Sequence[int] | None,
-                 normalizer: Normalizer, length: int):
+    def __init__(
+        self,
+        source: str | os.PathLike | Sequence[Episode],
+        episode_ids: Sequence[int] | None,
+        normalizer: Normalizer,
+        length: int,
+    ):
         if length < 1:
             raise ValueError(f"window length must be >= 1, got {length}")
         self.normalizer, self.length = normalizer, int(length)
@@ -192,9 +205,11 @@ class WindowSampler:
             if specs:
                 self.frames = FrameStream(self._source, self.episode_ids, [len(s) for s in self._steps.values()], specs)
         if len(self._stream) < self.length:
-            raise UserError(f"the chosen episodes hold {len(self._stream)} steps in all, fewer than the "
-                            f"window length {self.length}",
-                            "use a shorter sequence length or more (or longer) episodes")
+            raise UserError(
+                f"the chosen episodes hold {len(self._stream)} steps in all, fewer than the "
+                f"window length {self.length}",
+                "use a shorter sequence length or more (or longer) episodes",
+            )
 
     @property
     def _lazy(self) -> bool:

@@ -19,11 +19,12 @@ normaliser, DreamerV3 alignment): `obs[t]` = o_t and `ctrl[t]` = concat(prev_act
 
 Everything is numpy; nothing here depends on the world model.
 """
+
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -41,7 +42,9 @@ def step_seqs_from_batches(batches) -> list[StepSeq]:
     out = []
     for b in batches:
         obs = np.asarray(b.obs, np.float64)[0]  # (T, D)
-        ctrl = np.concatenate([np.asarray(b.prev_action, np.float64)[0], np.asarray(b.prev_input, np.float64)[0]], -1)  # (T, U)
+        ctrl = np.concatenate(
+            [np.asarray(b.prev_action, np.float64)[0], np.asarray(b.prev_input, np.float64)[0]], -1
+        )  # (T, U)
         out.append(StepSeq(obs, ctrl))
     return out
 
@@ -49,7 +52,7 @@ def step_seqs_from_batches(batches) -> list[StepSeq]:
 def persistence(obs: np.ndarray, context: int) -> np.ndarray:
     """obs (B, T, D) -> predictions (B, T-context, D): the last context value, held."""
     B, T, D = obs.shape
-    return np.repeat(obs[:, context - 1:context], T - context, axis=1)
+    return np.repeat(obs[:, context - 1 : context], T - context, axis=1)
 
 
 @dataclass
@@ -88,7 +91,7 @@ class ARX:
     def _nfeat(self, s: StepSeq) -> int:
         return self.p * s.obs.shape[1] + self.q * s.ctrl.shape[1] + 1
 
-    def fit(self, seqs: Sequence[StepSeq]) -> "ARX":
+    def fit(self, seqs: Sequence[StepSeq]) -> ARX:
         xs, ys = zip(*(self._rows(s) for s in seqs))
         X, Y = np.concatenate(xs), np.concatenate(ys)  # (N, F), (N, D)
         if X.shape[0] < X.shape[1]:
@@ -115,8 +118,8 @@ class ARX:
         hist = obs[:, :context].astype(np.float64).copy()  # (B, context, D), grows with predictions
         hist = np.concatenate([hist, np.zeros((B, T - context, D))], 1)  # (B, T, D)
         for t in range(context, T):
-            oh = hist[:, t - self.p:t][:, ::-1]  # (B, p, D): t-1 .. t-p
-            ch = ctrl[:, t - self.q + 1:t + 1][:, ::-1] if self.q else ctrl[:, :0]  # (B, q, U)
+            oh = hist[:, t - self.p : t][:, ::-1]  # (B, p, D): t-1 .. t-p
+            ch = ctrl[:, t - self.q + 1 : t + 1][:, ::-1] if self.q else ctrl[:, :0]  # (B, q, U)
             with np.errstate(over="ignore", invalid="ignore"):
                 hist[:, t] = self._features(oh, ch.astype(np.float64)) @ self.coef
         return hist[:, context:]
@@ -127,8 +130,8 @@ def windows_from_seqs(seqs: Sequence[StepSeq], length: int, stride: int) -> tupl
     obs, ctrl = [], []
     for s in seqs:
         for start in range(0, s.obs.shape[0] - length + 1, stride):
-            obs.append(s.obs[start:start + length])
-            ctrl.append(s.ctrl[start:start + length])
+            obs.append(s.obs[start : start + length])
+            ctrl.append(s.ctrl[start : start + length])
     if not obs:
         raise ValueError(f"no sequence holds a window of {length} steps")
     return np.stack(obs), np.stack(ctrl)
@@ -150,9 +153,17 @@ class Selection:
     inner_val: int  # sequences used to score
 
 
-def select_arx(train: Sequence[StepSeq], inner_val: Sequence[StepSeq], orders_p=(1, 2, 3, 4, 8), orders_q=(1, 2, 4, 8),
-               criterion: str = "openloop", context: int = 16, horizon: int = 64, stride: int = 8,
-               ridge: float = 1e-6) -> Selection:
+def select_arx(
+    train: Sequence[StepSeq],
+    inner_val: Sequence[StepSeq],
+    orders_p=(1, 2, 3, 4, 8),
+    orders_q=(1, 2, 4, 8),
+    criterion: str = "openloop",
+    context: int = 16,
+    horizon: int = 64,
+    stride: int = 8,
+    ridge: float = 1e-6,
+) -> Selection:
     """Choose (p, q) on `inner_val` after fitting on `train` (both from the training episodes).
 
     criterion "openloop": mean squared open-loop error over windows of context + horizon steps

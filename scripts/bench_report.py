@@ -6,6 +6,7 @@ average at the end, total seconds) and `write_results` (OUT/<stem>.json and OUT/
 written to a temporary name and renamed). Used by bench_detection.py, bench_worldmodel.py and
 bench_train.py.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -31,9 +32,15 @@ def load_average() -> list[float] | None:
 
 def machine_info(**extra) -> dict:
     """Date, Python / torch versions, platform, CPUs, torch threads, start load average, plus `extra`."""
-    info = {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "python": sys.version.split()[0],
-            "torch": torch.__version__, "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), **extra}
+    info = {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        **extra,
+    }
     load = load_average()
     if load is not None:
         info["loadavg_start"] = load
@@ -56,5 +63,7 @@ def write_results(out: Path, stem: str, payload: dict, md: str) -> None:
     write_text_atomic(out / f"{stem}.json", json.dumps(payload, indent=2))
     write_text_atomic(out / f"{stem}.md", md)
     took = payload.get("machine", {}).get("total_seconds")
-    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}" + (f" ({took:.0f} s)" if took is not None else ""),
-          flush=True)
+    print(
+        f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}" + (f" ({took:.0f} s)" if took is not None else ""),
+        flush=True,
+    )

@@ -23,6 +23,7 @@ with the reference's B=16 throughput (marked "B=16 ref").
     .venv/bin/python scripts/bench_train.py --device cuda     # GPU: bf16 autocast, B up to 256
     .venv/bin/python scripts/bench_train.py --quick           # seconds: a smoke test of the script
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,15 @@ def random_batch(B: int, T: int, device, seed: int = 0) -> SeqBatch:
     act[:, 0] = 0.0  # the window's first step carries no previous action
     first = torch.zeros(B, T, dtype=torch.bool)
     first[:, 0] = True
-    batch = SeqBatch(obs, act, torch.zeros(B, T, 0), torch.randn(B, T, generator=g), first,
-                     torch.zeros(B, T, dtype=torch.bool), torch.zeros(B, T, dtype=torch.bool))
+    batch = SeqBatch(
+        obs,
+        act,
+        torch.zeros(B, T, 0),
+        torch.randn(B, T, generator=g),
+        first,
+        torch.zeros(B, T, dtype=torch.bool),
+        torch.zeros(B, T, dtype=torch.bool),
+    )
     return SeqBatch(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
 
 
@@ -75,8 +83,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_config(name: str, B: int, T: int, device: torch.device, warmup: int, steps: int,
-                max_seconds: float, seed: int = 0) -> dict:
+def time_config(
+    name: str, B: int, T: int, device: torch.device, warmup: int, steps: int, max_seconds: float, seed: int = 0
+) -> dict:
     """Median seconds per optimiser step of preset `name` at (B, T)."""
     torch.manual_seed(seed)
     cfg = preset(name, obs_dim=OBS_DIM, action_dim=ACTION_DIM, input_dim=0)
@@ -108,9 +117,17 @@ def time_config(name: str, B: int, T: int, device: torch.device, warmup: int, st
             break
     med = statistics.median(times)
     row = {
-        "preset": name, "B": B, "T": T, "device": str(device), "precision": "bf16-autocast" if use_bf16 else "fp32",
-        "params": sum(p.numel() for p in model.parameters()), "warmup_steps": warmup, "timed_steps": len(times),
-        "s_per_step": med, "s_per_step_min": min(times), "s_per_step_max": max(times),
+        "preset": name,
+        "B": B,
+        "T": T,
+        "device": str(device),
+        "precision": "bf16-autocast" if use_bf16 else "fp32",
+        "params": sum(p.numel() for p in model.parameters()),
+        "warmup_steps": warmup,
+        "timed_steps": len(times),
+        "s_per_step": med,
+        "s_per_step_min": min(times),
+        "s_per_step_max": max(times),
         "env_steps_per_s": B * T / med,
     }
     if device.type == "cuda":
@@ -135,8 +152,11 @@ def reference(name: str, B: int, T: int, device: torch.device) -> dict:
         return {"ref_s_per_step": None, "ref_env_steps_per_s": None, "ref_note": "none"}
     ref_eps = 16 * 64 / REF_CPU_B16[name]
     same = (B, T) == (16, 64)
-    return {"ref_s_per_step": REF_CPU_B16[name] if same else None, "ref_env_steps_per_s": ref_eps,
-            "ref_note": "2-core CPU" if same else "B=16 ref"}
+    return {
+        "ref_s_per_step": REF_CPU_B16[name] if same else None,
+        "ref_env_steps_per_s": ref_eps,
+        "ref_note": "2-core CPU" if same else "B=16 ref",
+    }
 
 
 def parse_batches(text: str) -> list[tuple[int, int]]:
@@ -149,25 +169,36 @@ def parse_batches(text: str) -> list[tuple[int, int]]:
 
 def device_info(device: torch.device) -> dict:
     """The machine (bench_report.machine_info) with the device, and the GPU's name on CUDA."""
-    return machine_info(device=str(device), **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {}))
+    return machine_info(
+        device=str(device), **({"gpu": torch.cuda.get_device_name(device)} if device.type == "cuda" else {})
+    )
 
 
 def markdown(rows: list[dict], info: dict) -> str:
-    lines = [f"# Training speed ({info['date']})", "",
-             f"device {info['device']}{' (' + info['gpu'] + ')' if 'gpu' in info else ''}, torch {info['torch']}, "
-             f"{info['cpu_count']} CPUs, {info['torch_threads']} torch threads, load average at start "
-             f"{info.get('loadavg_start')}", "",
-             "| preset | B x T | precision | s/step (median) | env-steps/s | ref s/step | ref env-steps/s | ratio | timed steps |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Training speed ({info['date']})",
+        "",
+        f"device {info['device']}{' (' + info['gpu'] + ')' if 'gpu' in info else ''}, torch {info['torch']}, "
+        f"{info['cpu_count']} CPUs, {info['torch_threads']} torch threads, load average at start "
+        f"{info.get('loadavg_start')}",
+        "",
+        "| preset | B x T | precision | s/step (median) | env-steps/s | ref s/step | ref env-steps/s | ratio | timed steps |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ref_s = f"{r['ref_s_per_step']:.2f}" if r["ref_s_per_step"] is not None else "-"
         ref_e = f"{r['ref_env_steps_per_s']:.0f} ({r['ref_note']})" if r["ref_env_steps_per_s"] is not None else "-"
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
-        lines.append(f"| {r['preset']} | {r['B']} x {r['T']} | {r['precision']} | {r['s_per_step']:.3f} | "
-                     f"{r['env_steps_per_s']:.0f} | {ref_s} | {ref_e} | {ratio} | {r['timed_steps']} |")
-    lines += ["", "ratio = our env-steps/s / the reference port's env-steps/s (> 1: faster). "
-              "\"B=16 ref\": the issue gives CPU figures at B=16, T=64 only. "
-              "Target: ratio >= 2 (twice the reference's throughput)."]
+        lines.append(
+            f"| {r['preset']} | {r['B']} x {r['T']} | {r['precision']} | {r['s_per_step']:.3f} | "
+            f"{r['env_steps_per_s']:.0f} | {ref_s} | {ref_e} | {ratio} | {r['timed_steps']} |"
+        )
+    lines += [
+        "",
+        "ratio = our env-steps/s / the reference port's env-steps/s (> 1: faster). "
+        '"B=16 ref": the issue gives CPU figures at B=16, T=64 only. '
+        "Target: ratio >= 2 (twice the reference's throughput).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -175,17 +206,28 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto (cuda when available)")
     p.add_argument("--presets", default="size1m,size12m")
-    p.add_argument("--batches", default=None,
-                   help="comma list of BxT; default 16x64,256x64 on CPU (size12m at B=256 is tens of seconds "
-                        "a step, so --max-seconds caps it), 16x64,64x64,256x64 on CUDA")
+    p.add_argument(
+        "--batches",
+        default=None,
+        help="comma list of BxT; default 16x64,256x64 on CPU (size12m at B=256 is tens of seconds "
+        "a step, so --max-seconds caps it), 16x64,64x64,256x64 on CUDA",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration (median reported)")
-    p.add_argument("--max-seconds", type=float, default=120.0,
-                   help="stop timing a configuration after this long (at least 2 timed steps)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default on CPU: 1. With 2 OpenMP threads on a 2-core machine that another "
-                        "process is using, every small op waits for a descheduled thread: we measured size1m at "
-                        "16 s/step instead of 0.22. Pass --threads 2 on an idle machine.)")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=120.0,
+        help="stop timing a configuration after this long (at least 2 timed steps)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default on CPU: 1. With 2 OpenMP threads on a 2-core machine that another "
+        "process is using, every small op waits for a descheduled thread: we measured size1m at "
+        "16 s/step instead of 0.22. Pass --threads 2 on an idle machine.)",
+    )
     p.add_argument("--quick", action="store_true", help="debug preset, tiny batches, 1+2 steps: a smoke test")
     p.add_argument("--out", default="bench-results", help="folder for bench_train.json / .md")
     args = p.parse_args(argv)
@@ -209,22 +251,32 @@ def main(argv: list[str] | None = None) -> int:
         presets, batches, warmup, steps, max_s = ["debug"], [(4, 8), (8, 8)], 1, 2, 5.0
 
     info = device_info(device)
-    print(f"training speed on {device} ({info['torch_threads']} torch threads, load {info.get('loadavg_start')})", flush=True)
+    print(
+        f"training speed on {device} ({info['torch_threads']} torch threads, load {info.get('loadavg_start')})",
+        flush=True,
+    )
     rows = []
     for name in presets:
         for B, T in batches:
             r = time_config(name, B, T, device, warmup, steps, max_s)
             rows.append(r)
-            print(f"  {name:8s} B={B:<4d} T={T:<3d} {r['s_per_step']:.3f} s/step  {r['env_steps_per_s']:8.0f} env-steps/s"
-                  + (f"  ratio {r['ratio']:.2f}x" if r["ratio"] is not None else ""), flush=True)
+            print(
+                f"  {name:8s} B={B:<4d} T={T:<3d} {r['s_per_step']:.3f} s/step  {r['env_steps_per_s']:8.0f} env-steps/s"
+                + (f"  ratio {r['ratio']:.2f}x" if r["ratio"] is not None else ""),
+                flush=True,
+            )
     load = load_average()
     if load is not None:
         info["loadavg_end"] = load
     md = markdown(rows, info)
     print()
     print(md)
-    write_results(Path(args.out), "bench_train",
-                  {"benchmark": "train_speed", "version": 1, "machine": info, "quick": args.quick, "rows": rows}, md)
+    write_results(
+        Path(args.out),
+        "bench_train",
+        {"benchmark": "train_speed", "version": 1, "machine": info, "quick": args.quick, "rows": rows},
+        md,
+    )
     return 0
 
 

@@ -21,6 +21,7 @@ gaps leave the dynamics row absent; the damping change leaves the visual row abs
 
 Writes OUT/bench_visual.json and OUT/bench_visual.md; logs and the run go to OUT/work/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,17 @@ def record(path: Path, episodes: int, seed: int, size: int, profile: dict, sourc
 
     if not path.exists():
         rid, kw = reality_env_args("Pusher-v5", profile)
-        record_to_log(path, rid, "hold:3", episodes=episodes, max_steps=50, seed=seed, env_kwargs=kw, source=source,
-                      render=(size, size))
+        record_to_log(
+            path,
+            rid,
+            "hold:3",
+            episodes=episodes,
+            max_steps=50,
+            seed=seed,
+            env_kwargs=kw,
+            source=source,
+            render=(size, size),
+        )
     return path
 
 
@@ -79,10 +89,23 @@ def main(argv=None) -> int:
     real = record(work / "real.h5", args.episodes, 0, args.size, {}, "real")
     run = work / "run"
     if not (run / "model.pt").exists():
-        cfg = TrainConfig(preset="debug", max_steps=args.steps, batch_size=16, seq_len=32, lr=1e-3, warmup=100,
-                          val_every=args.steps, ckpt_every=max(200, args.steps), log_every=25, progress_bar=False,
-                          seed=0, val_fraction=0.25, openloop_context=8, openloop_horizons=(1, 8, 24),
-                          openloop_windows=6)
+        cfg = TrainConfig(
+            preset="debug",
+            max_steps=args.steps,
+            batch_size=16,
+            seq_len=32,
+            lr=1e-3,
+            warmup=100,
+            val_every=args.steps,
+            ckpt_every=max(200, args.steps),
+            log_every=25,
+            progress_bar=False,
+            seed=0,
+            val_fraction=0.25,
+            openloop_context=8,
+            openloop_horizons=(1, 8, 24),
+            openloop_windows=6,
+        )
         train(real, run, build_run_config(cfg))
         calibrate(run, real, CheckConfig(context=8, horizon=24), verbose=False)
     t_train = time.perf_counter() - t0
@@ -92,25 +115,50 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         rep = run_check(run, sim, command=f"bench_visual {name}")
         g = rep["gaps"]
-        rows.append({"simulator": name, "verdict": rep["verdict"], "top_gap": rep["summary"]["top_gap"],
-                     "confounded": rep["summary"]["confounded"],
-                     "visual_evidence": g["visual"]["evidence"], "visual": g["visual"]["verdict"],
-                     "dynamics_evidence": g["dynamics"]["evidence"], "dynamics": g["dynamics"]["verdict"],
-                     "distance_ratio": g["visual"]["estimate"]["distance_ratio"],
-                     "divergent_episodes": rep["summary"]["divergent"], "episodes": rep["summary"]["episodes"],
-                     "visual_explanation": g["visual"]["explanation"], "seconds": round(time.perf_counter() - t1, 1)})
-        print(f"{name}: {rows[-1]['verdict']} top {rows[-1]['top_gap']} visual {rows[-1]['visual_evidence']} "
-              f"dynamics {rows[-1]['dynamics_evidence']}", flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "size": args.size,
-            "real_episodes": args.episodes, "checked_episodes": args.checked, "train_steps": args.steps,
-            "train_and_calibrate_seconds": round(t_train, 1), "quick": args.quick}
+        rows.append(
+            {
+                "simulator": name,
+                "verdict": rep["verdict"],
+                "top_gap": rep["summary"]["top_gap"],
+                "confounded": rep["summary"]["confounded"],
+                "visual_evidence": g["visual"]["evidence"],
+                "visual": g["visual"]["verdict"],
+                "dynamics_evidence": g["dynamics"]["evidence"],
+                "dynamics": g["dynamics"]["verdict"],
+                "distance_ratio": g["visual"]["estimate"]["distance_ratio"],
+                "divergent_episodes": rep["summary"]["divergent"],
+                "episodes": rep["summary"]["episodes"],
+                "visual_explanation": g["visual"]["explanation"],
+                "seconds": round(time.perf_counter() - t1, 1),
+            }
+        )
+        print(
+            f"{name}: {rows[-1]['verdict']} top {rows[-1]['top_gap']} visual {rows[-1]['visual_evidence']} "
+            f"dynamics {rows[-1]['dynamics_evidence']}",
+            flush=True,
+        )
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "size": args.size,
+        "real_episodes": args.episodes,
+        "checked_episodes": args.checked,
+        "train_steps": args.steps,
+        "train_and_calibrate_seconds": round(t_train, 1),
+        "quick": args.quick,
+    }
     (args.out / "bench_visual.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = ["| simulator | verdict | top gap | visual evidence | dynamics evidence | frame distance ratio | visual explanation |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| simulator | verdict | top gap | visual evidence | dynamics evidence | frame distance ratio | visual explanation |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['simulator']} | {r['verdict']} | {r['top_gap']} | {r['visual_evidence']} ({r['visual']}) | "
-                     f"{r['dynamics_evidence']} ({r['dynamics']}) | {r['distance_ratio']} | {r['visual_explanation']} |")
+        lines.append(
+            f"| {r['simulator']} | {r['verdict']} | {r['top_gap']} | {r['visual_evidence']} ({r['visual']}) | "
+            f"{r['dynamics_evidence']} ({r['dynamics']}) | {r['distance_ratio']} | {r['visual_explanation']} |"
+        )
     (args.out / "bench_visual.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"written: {args.out / 'bench_visual.md'} ({os.path.getsize(args.out / 'bench_visual.json')} B json)")

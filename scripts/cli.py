@@ -4,6 +4,7 @@ Each subcommand module defines `register(subparsers)` which adds its parser and 
 `func=run` where `run(args) -> int` returns the exit code. Bad input raises `UserError` and
 becomes a one-paragraph message with exit code 2, never a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `wmcheck <command> --help` for each command's options.",
     )
     parser.add_argument("--version", action="store_true", help="print the wmcheck version and exit")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for PyTorch (default: $WMCHECK_THREADS, else PyTorch's default). Use 1 "
-                             "when other jobs share the cores: small recurrent models slow down badly when threads contend")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for PyTorch (default: $WMCHECK_THREADS, else PyTorch's default). Use 1 "
+        "when other jobs share the cores: small recurrent models slow down badly when threads contend",
+    )
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name in SUBCOMMANDS:
         try:
@@ -62,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    threads = args.threads or (int(os.environ["WMCHECK_THREADS"]) if os.environ.get("WMCHECK_THREADS", "").isdigit() else None)
+    threads = args.threads or (
+        int(os.environ["WMCHECK_THREADS"]) if os.environ.get("WMCHECK_THREADS", "").isdigit() else None
+    )
     if threads:
         import torch
 

@@ -1,9 +1,9 @@
 """`wmcheck calibrate RUNDIR [LOG.h5]`: thresholds, competence bounds and power on held-out real episodes."""
+
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
 
 CHECK_OPTIONS = ["alpha", "context", "horizon", "max_delay"]
 """The CheckConfig fields `calibrate` and `train` expose (defaults and help from the dataclass)."""
@@ -41,7 +41,13 @@ def register(sub) -> None:
         ),
     )
     p.add_argument("run_dir", type=Path, metavar="RUNDIR", help="a run directory written by `wmcheck train`")
-    p.add_argument("log", type=Path, nargs="?", metavar="LOG.h5", help="the training log (default: the one recorded in RUNDIR/data.json)")
+    p.add_argument(
+        "log",
+        type=Path,
+        nargs="?",
+        metavar="LOG.h5",
+        help="the training log (default: the one recorded in RUNDIR/data.json)",
+    )
     add_check_geometry(p)
     p.set_defaults(func=run)
 

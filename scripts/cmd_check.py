@@ -1,4 +1,5 @@
 """`wmcheck check RUNDIR --rollouts SIM.h5 --out REPORTDIR`: the consistency check and CI gate."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,33 +22,62 @@ def register(sub) -> None:
             "1 fail (divergent, or unverifiable unless --allow-unverifiable), 2 bad input."
         ),
         epilog="gate file keys: alpha, score_alpha{score: p}, tolerances{gap: {...}}, allow_unverifiable, "
-               "policy{min_episodes (default 1000), min_success_rate (default 0.85)}: a policy check with fewer "
-               "simulator episodes or a lower simulator success rate fails",
+        "policy{min_episodes (default 1000), min_success_rate (default 0.85)}: a policy check with fewer "
+        "simulator episodes or a lower simulator success rate fails",
     )
     p.add_argument("run_dir", type=Path, metavar="RUNDIR", help="run directory with model.pt and calibration")
-    p.add_argument("--rollouts", type=Path, metavar="SIM.h5", help="log of simulator rollouts / policy trajectories to check")
+    p.add_argument(
+        "--rollouts", type=Path, metavar="SIM.h5", help="log of simulator rollouts / policy trajectories to check"
+    )
     p.add_argument("--env", help="gymnasium env id (or module:Class) to record rollouts from, with --policy")
-    p.add_argument("--policy", help="policy for --env: random, hold:K, module:callable or a TorchScript file; a "
-                   "module:callable or TorchScript policy is also run closed loop inside the world model (policy check)")
-    p.add_argument("--success", metavar="MODULE:CALLABLE",
-                   help="success rule of a policy episode, called as f(episode, final_info) -> bool "
-                        "(default: the env's info['is_success'] or info['success'] at the last step)")
-    p.add_argument("--episodes", type=int, default=None,
-                   help="episodes to record with --env (default: the gate's policy.min_episodes for a policy, else 20)")
-    p.add_argument("--policy-samples", type=int, default=8, metavar="S",
-                   help="model rollouts per simulator episode in the policy check (default 8)")
+    p.add_argument(
+        "--policy",
+        help="policy for --env: random, hold:K, module:callable or a TorchScript file; a "
+        "module:callable or TorchScript policy is also run closed loop inside the world model (policy check)",
+    )
+    p.add_argument(
+        "--success",
+        metavar="MODULE:CALLABLE",
+        help="success rule of a policy episode, called as f(episode, final_info) -> bool "
+        "(default: the env's info['is_success'] or info['success'] at the last step)",
+    )
+    p.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes to record with --env (default: the gate's policy.min_episodes for a policy, else 20)",
+    )
+    p.add_argument(
+        "--policy-samples",
+        type=int,
+        default=8,
+        metavar="S",
+        help="model rollouts per simulator episode in the policy check (default 8)",
+    )
     p.add_argument("--max-steps", type=int, default=None, help="step limit per recorded episode")
     p.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for --env")
-    p.add_argument("--render", metavar="WxH", help="with --env: also record camera frames (for models trained on frames)")
-    p.add_argument("--out", type=Path, required=True, metavar="REPORTDIR", help="folder for report.json, report.html, tb/")
-    p.add_argument("--gate", type=Path, metavar="GATE.yaml", help="gate file committed by the team (overrides thresholds)")
-    p.add_argument("--allow-unverifiable", action="store_true", help="exit 0 when the only problem is unverifiable episodes")
+    p.add_argument(
+        "--render", metavar="WxH", help="with --env: also record camera frames (for models trained on frames)"
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, metavar="REPORTDIR", help="folder for report.json, report.html, tb/"
+    )
+    p.add_argument(
+        "--gate", type=Path, metavar="GATE.yaml", help="gate file committed by the team (overrides thresholds)"
+    )
+    p.add_argument(
+        "--allow-unverifiable", action="store_true", help="exit 0 when the only problem is unverifiable episodes"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-tensorboard", action="store_true")
-    p.add_argument("--clip-model", type=Path, metavar="DIR",
-                   help="local CLIP weights (transformers CLIPVisionModelWithProjection folder, or an open_clip "
-                        "checkpoint); adds CLIP cosine distances to the visual gap. Nothing is downloaded. "
-                        "Needs pip install 'wmcheck[clip]'")
+    p.add_argument(
+        "--clip-model",
+        type=Path,
+        metavar="DIR",
+        help="local CLIP weights (transformers CLIPVisionModelWithProjection folder, or an open_clip "
+        "checkpoint); adds CLIP cosine distances to the visual gap. Nothing is downloaded. "
+        "Needs pip install 'wmcheck[clip]'",
+    )
     p.set_defaults(func=run)
 
 
@@ -63,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
         gate.allow_unverifiable = True
     rollouts, policy_run = args.rollouts, None
     if (args.policy or args.success) and not args.env:
-        raise UserError("--policy and --success need --env (the simulator to run the policy in)",
-                        "add --env ENV_ID, or check recorded rollouts with --rollouts alone")
+        raise UserError(
+            "--policy and --success need --env (the simulator to run the policy in)",
+            "add --env ENV_ID, or check recorded rollouts with --rollouts alone",
+        )
     if args.success and not (args.policy and is_policy(args.policy)):
         raise UserError("--success applies to a policy check", "give --policy module:callable (or a TorchScript file)")
     if args.policy_samples < 2:
@@ -75,18 +107,38 @@ def run(args: argparse.Namespace) -> int:
         rollouts = args.out / "rollouts.h5"
         kwargs = _env_kwargs(args.env_kwargs)
         checking_policy = bool(args.policy) and is_policy(args.policy)
-        episodes = args.episodes if args.episodes is not None else (int(gate.policy["min_episodes"]) if checking_policy else 20)
+        episodes = (
+            args.episodes
+            if args.episodes is not None
+            else (int(gate.policy["min_episodes"]) if checking_policy else 20)
+        )
         outcomes: dict = {}
-        record_to_log(rollouts, args.env, args.policy or "random", episodes=episodes, max_steps=args.max_steps,
-                      seed=args.seed, env_kwargs=kwargs, source="policy" if args.policy else "sim",
-                      success=args.success, outcomes=outcomes,
-                      render=parse_render_size(args.render) if args.render else None)
+        record_to_log(
+            rollouts,
+            args.env,
+            args.policy or "random",
+            episodes=episodes,
+            max_steps=args.max_steps,
+            seed=args.seed,
+            env_kwargs=kwargs,
+            source="policy" if args.policy else "sim",
+            success=args.success,
+            outcomes=outcomes,
+            render=parse_render_size(args.render) if args.render else None,
+        )
         if checking_policy:
             policy_run = PolicyRun(args.env, args.policy, kwargs, args.success, outcomes, samples=args.policy_samples)
     if rollouts is None:
         raise UserError("nothing to check", "pass --rollouts SIM.h5, or --env ID [--policy P] to record rollouts")
-    report = run_check(args.run_dir, rollouts, gate, command="wmcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                       seed=args.seed, policy=policy_run, clip_model=args.clip_model)
+    report = run_check(
+        args.run_dir,
+        rollouts,
+        gate,
+        command="wmcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        seed=args.seed,
+        policy=policy_run,
+        clip_model=args.clip_model,
+    )
     paths = write_outputs(report, args.out, tensorboard=not args.no_tensorboard)
     print(report["summary"]["message"])
     print(f"report: {paths['html']}\njson:   {paths['json']}")
@@ -105,7 +157,7 @@ def _env_kwargs(text: str | None) -> dict | None:
     try:
         kwargs = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"--env-kwargs is not valid JSON: {exc}", 'e.g. --env-kwargs \'{"g": 9.81}\'') from None
+        raise UserError(f"--env-kwargs is not valid JSON: {exc}", "e.g. --env-kwargs '{\"g\": 9.81}'") from None
     if not isinstance(kwargs, dict):
-        raise UserError(f"--env-kwargs must be a JSON object, got {text}", 'e.g. --env-kwargs \'{"g": 9.81}\'')
+        raise UserError(f"--env-kwargs must be a JSON object, got {text}", "e.g. --env-kwargs '{\"g\": 9.81}'")
     return kwargs

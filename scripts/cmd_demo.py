@@ -5,6 +5,7 @@ trained, the power-curve simulator's replay of held-out real periods and a yaw/p
 checked, reports and TensorBoard written. `--synthetic` (scripts/demo_synthetic.py): a MuJoCo
 "reality" with known injected gaps, so the report can be compared with the truth.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,15 @@ def register(sub) -> None:
         ),
     )
     p.add_argument("--out", type=Path, default=Path("wmcheck-demo"), help="output folder (default ./wmcheck-demo)")
-    p.add_argument("--synthetic", action="store_true", help="MuJoCo system with known injected gaps instead of the wind data")
-    p.add_argument("--max-steps", type=int, default=None,
-                   help="training steps (default 1000 for the wind data, 1500 for --synthetic)")
+    p.add_argument(
+        "--synthetic", action="store_true", help="MuJoCo system with known injected gaps instead of the wind data"
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="training steps (default 1000 for the wind data, 1500 for --synthetic)",
+    )
     p.add_argument("--preset", default="debug", help="world-model preset (default debug)")
     p.add_argument("--episodes", type=int, default=None, help="--synthetic: episodes per log (default 12)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -40,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     if args.synthetic:
         from wmcheck.scripts.demo_synthetic import run_synthetic_demo
 
-        return run_synthetic_demo(args.out, args.max_steps or 1500, args.preset, args.episodes or 12,
-                                  progress=not args.no_progress)
+        return run_synthetic_demo(
+            args.out, args.max_steps or 1500, args.preset, args.episodes or 12, progress=not args.no_progress
+        )
     from wmcheck.scripts.demo_wind import run_wind_demo
 
     return run_wind_demo(args.out, args.max_steps or 1000, args.preset, progress=not args.no_progress)

@@ -4,6 +4,7 @@ ENV is a registered gymnasium id (Pendulum-v1, HalfCheetah-v5, ...) or module:Cl
 random, hold:K (a random action held for K steps, an exciting input for system identification),
 module:callable, or a TorchScript file. Episodes are written one at a time (atomic file).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,8 @@ import json
 import warnings
 
 from wmcheck.datasets.episode import SOURCES
-from wmcheck.datasets.record import parse_render_size, record_to_log
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.record import parse_render_size, record_to_log
 
 
 def register(subparsers) -> None:
@@ -33,14 +34,24 @@ def register(subparsers) -> None:
     p.add_argument("env", metavar="ENV", help="gymnasium id or module:Class")
     p.add_argument("--out", required=True, metavar="LOG.h5", help="the log file to write")
     p.add_argument("--episodes", type=int, default=10, metavar="N", help="number of episodes")
-    p.add_argument("--max-steps", type=int, metavar="M", help="cut episodes after M steps (default: the env's time limit)")
-    p.add_argument("--env-kwargs", metavar="JSON", help='keyword arguments for the env, e.g. \'{"g": 9.81}\'')
+    p.add_argument(
+        "--max-steps", type=int, metavar="M", help="cut episodes after M steps (default: the env's time limit)"
+    )
+    p.add_argument("--env-kwargs", metavar="JSON", help="keyword arguments for the env, e.g. '{\"g\": 9.81}'")
     p.add_argument("--policy", default="random", help="random | hold:K | module:callable | path.pt")
     p.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i")
-    p.add_argument("--render", metavar="WxH", help="also store rendered camera frames (render_mode rgb_array), "
-                   "resized to W x H, as the observation group 'image', e.g. --render 64x64")
-    p.add_argument("--source", choices=SOURCES[1:], default="sim",
-                   help="sim for simulator rollouts, policy for trajectories of a policy under test")
+    p.add_argument(
+        "--render",
+        metavar="WxH",
+        help="also store rendered camera frames (render_mode rgb_array), "
+        "resized to W x H, as the observation group 'image', e.g. --render 64x64",
+    )
+    p.add_argument(
+        "--source",
+        choices=SOURCES[1:],
+        default="sim",
+        help="sim for simulator rollouts, policy for trajectories of a policy under test",
+    )
     p.set_defaults(func=run)
 
 
@@ -50,20 +61,29 @@ def run(args: argparse.Namespace) -> int:
         try:
             kwargs = json.loads(args.env_kwargs)
         except json.JSONDecodeError as exc:
-            raise UserError(f"--env-kwargs is not valid JSON: {exc}", 'e.g. --env-kwargs \'{"g": 9.81}\'') from None
+            raise UserError(f"--env-kwargs is not valid JSON: {exc}", "e.g. --env-kwargs '{\"g\": 9.81}'") from None
         if not isinstance(kwargs, dict):
-            raise UserError("--env-kwargs must be a JSON object", 'e.g. --env-kwargs \'{"g": 9.81}\'')
+            raise UserError("--env-kwargs must be a JSON object", "e.g. --env-kwargs '{\"g\": 9.81}'")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        meta, steps = record_to_log(args.out, args.env, policy=args.policy, episodes=args.episodes,
-                                    max_steps=args.max_steps, seed=args.seed, env_kwargs=kwargs,
-                                    source=args.source,
-                                    render=parse_render_size(args.render) if args.render else None)
+        meta, steps = record_to_log(
+            args.out,
+            args.env,
+            policy=args.policy,
+            episodes=args.episodes,
+            max_steps=args.max_steps,
+            seed=args.seed,
+            env_kwargs=kwargs,
+            source=args.source,
+            render=parse_render_size(args.render) if args.render else None,
+        )
     for w in caught:
         if "dt recorded as" in str(w.message):
             print(f"warning: {w.message}")
-    print(f"wrote {args.out}: {args.episodes} episode(s) of {args.env}, {steps:,} steps, dt {meta.dt:g} s, "
-          f"{len(meta.observation_names)} observation and {len(meta.action_names)} action channels, "
-          f"policy {args.policy}, seeds {args.seed}..{args.seed + args.episodes - 1}"
-          + (f", frames {args.render}" if args.render else ""))
+    print(
+        f"wrote {args.out}: {args.episodes} episode(s) of {args.env}, {steps:,} steps, dt {meta.dt:g} s, "
+        f"{len(meta.observation_names)} observation and {len(meta.action_names)} action channels, "
+        f"policy {args.policy}, seeds {args.seed}..{args.seed + args.episodes - 1}"
+        + (f", frames {args.render}" if args.render else "")
+    )
     return 0

@@ -1,4 +1,5 @@
 """`wmcheck train`: train the world model on a log; writes RUNDIR (see wmcheck.training.run)."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,22 @@ from pathlib import Path
 from wmcheck.datasets.errors import UserError
 from wmcheck.scripts.config_args import add_options, config_kwargs
 
-TRAIN_OPTIONS = ["preset", "max_steps", "seed", "val_fraction", "batch_size", "seq_len", "lr", "warmup", "val_every",
-                 "ckpt_every", "accelerator", "devices", "strategy", "precision"]
+TRAIN_OPTIONS = [
+    "preset",
+    "max_steps",
+    "seed",
+    "val_fraction",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "warmup",
+    "val_every",
+    "ckpt_every",
+    "accelerator",
+    "devices",
+    "strategy",
+    "precision",
+]
 """The TrainConfig fields `train` exposes (defaults and help come from the dataclass)."""
 
 
@@ -28,13 +43,19 @@ def register(sub) -> None:
     from wmcheck.training.config import TrainConfig
     from wmcheck.worldmodel.config import WorldModelConfig
 
-    add_options(p, TrainConfig, TRAIN_OPTIONS[:1], {"preset": "model size: debug, size1m, size12m, size25m, size50m, ..."})
+    add_options(
+        p, TrainConfig, TRAIN_OPTIONS[:1], {"preset": "model size: debug, size1m, size12m, size25m, size50m, ..."}
+    )
     add_options(p, TrainConfig, TRAIN_OPTIONS[1:])
     add_options(p, WorldModelConfig, ["ensemble"])
     p.add_argument("--no-resume", action="store_true", help="start afresh even if RUNDIR holds a checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-images", action="store_true", help="ignore the log's camera frames (train on the vector channels only)")
-    p.add_argument("--no-calibrate", action="store_true", help="skip calibration (run `wmcheck calibrate RUNDIR` later)")
+    p.add_argument(
+        "--no-images", action="store_true", help="ignore the log's camera frames (train on the vector channels only)"
+    )
+    p.add_argument(
+        "--no-calibrate", action="store_true", help="skip calibration (run `wmcheck calibrate RUNDIR` later)"
+    )
     from wmcheck.scripts.cmd_calibrate import add_check_geometry
 
     add_check_geometry(p)
@@ -46,9 +67,14 @@ def run(args: argparse.Namespace) -> int:
     from wmcheck.training.run import build_run_config, train
 
     if not args.log.exists():
-        raise UserError(f"log file {args.log} does not exist", "check the path; create logs with `wmcheck import` or `wmcheck record`")
+        raise UserError(
+            f"log file {args.log} does not exist",
+            "check the path; create logs with `wmcheck import` or `wmcheck record`",
+        )
     try:
-        tcfg = TrainConfig(**config_kwargs(args, TRAIN_OPTIONS), progress_bar=not args.no_progress, images=not args.no_images)
+        tcfg = TrainConfig(
+            **config_kwargs(args, TRAIN_OPTIONS), progress_bar=not args.no_progress, images=not args.no_images
+        )
         rc = build_run_config(tcfg, ensemble=args.ensemble)
     except ValueError as exc:
         raise UserError(f"bad training option: {exc}", "see `wmcheck train --help`") from None

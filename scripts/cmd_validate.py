@@ -4,6 +4,7 @@ Prints the summary and every finding (see wmcheck.datasets.validate for the list
 code 0 when there are no errors (warnings allowed), 2 when there are errors or the file cannot be
 read at all.
 """
+
 from __future__ import annotations
 
 import argparse

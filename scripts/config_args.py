@@ -5,6 +5,7 @@ becomes `--max-delay`, with the dataclass default and, as help, the attribute do
 under the field (read from the source with `ast`, as cleanrl's tyro does). A default changed in
 the dataclass therefore changes the CLI and its `--help` with it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,13 @@ def field_docs(cls) -> dict[str, str]:
     body = tree.body[0].body
     out = {}
     for prev, node in zip(body, body[1:]):
-        if (isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr)
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             out[prev.target.id] = " ".join(node.value.value.split())
     return out
 
@@ -35,7 +41,9 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_options(parser: argparse.ArgumentParser, cls, names: list[str], help_overrides: dict[str, str] | None = None) -> None:
+def add_options(
+    parser: argparse.ArgumentParser, cls, names: list[str], help_overrides: dict[str, str] | None = None
+) -> None:
     """Add `--field-name` options for the dataclass fields `names` (scalars: int, float, str)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     docs = field_docs(cls)
@@ -45,8 +53,9 @@ def add_options(parser: argparse.ArgumentParser, cls, names: list[str], help_ove
         kind = type(default)
         assert kind in (int, float, str), f"{cls.__name__}.{name}: only scalar options are generated, got {kind}"
         text = (help_overrides or {}).get(name) or docs.get(name, name.replace("_", " "))
-        parser.add_argument(_flag(name), dest=name, type=kind, default=default,
-                            help=f"{text} (default {default})".replace("%", "%%"))
+        parser.add_argument(
+            _flag(name), dest=name, type=kind, default=default, help=f"{text} (default {default})".replace("%", "%%")
+        )
 
 
 def config_kwargs(args: argparse.Namespace, names: list[str]) -> dict:

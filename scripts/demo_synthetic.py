@@ -8,6 +8,7 @@ Owns `run_synthetic_demo` and its scenario (`SCENARIO`):
   latency, and the reality with a weak actuator (gain 0.5). The printed table puts each check's
   verdict, top gap and estimate next to the injected truth.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,10 +46,10 @@ def _estimate(report: dict) -> str:
 
 
 def run_synthetic_demo(out: Path, max_steps: int, preset: str, episodes: int, progress: bool = True) -> int:
+    from wmcheck.checks.calibration import calibrate
     from wmcheck.checks.reality import RealityProfile, reality_env_args
     from wmcheck.datasets.record import record_to_log
     from wmcheck.scripts.demo_wind import check_and_write, print_findings, stage
-    from wmcheck.checks.calibration import calibrate
     from wmcheck.training.config import TrainConfig
     from wmcheck.training.run import build_run_config, train
 
@@ -61,9 +62,16 @@ def run_synthetic_demo(out: Path, max_steps: int, preset: str, episodes: int, pr
     rid, kw = reality_env_args(ENV_ID, reality)
     record_to_log(real_log, rid, POLICY, episodes=episodes, max_steps=MAX_STEPS, seed=0, env_kwargs=kw, source="real")
     stage(2, total, f"training a '{preset}' world model for {max_steps} steps on the real log (CPU), then calibrating")
-    cfg = TrainConfig(preset=preset, max_steps=max_steps, lr=1e-3, warmup=min(100, max_steps),
-                      val_every=max(1, min(500, max_steps)), ckpt_every=max(1, min(250, max_steps)),
-                      progress_bar=progress, val_fraction=0.3)
+    cfg = TrainConfig(
+        preset=preset,
+        max_steps=max_steps,
+        lr=1e-3,
+        warmup=min(100, max_steps),
+        val_every=max(1, min(500, max_steps)),
+        ckpt_every=max(1, min(250, max_steps)),
+        progress_bar=progress,
+        val_fraction=0.3,
+    )
     result = train(real_log, out / "run", build_run_config(cfg))
     calibrate(result.run_dir, real_log)
     rows, codes = [], []
@@ -74,7 +82,9 @@ def run_synthetic_demo(out: Path, max_steps: int, preset: str, episodes: int, pr
         rid, kw = reality_env_args(ENV_ID, prof)
         n = max(4, episodes // 2)
         record_to_log(sim_log, rid, POLICY, episodes=n, max_steps=MAX_STEPS, seed=1000 * (i + 1), env_kwargs=kw)
-        report = check_and_write(result.run_dir, sim_log, out / f"report-{folder}", f"wmcheck demo --synthetic ({folder})")
+        report = check_and_write(
+            result.run_dir, sim_log, out / f"report-{folder}", f"wmcheck demo --synthetic ({folder})"
+        )
         print_findings(what, report, out / f"report-{folder}", limit=2)
         rows.append((what, truth, report["verdict"], report["summary"]["top_gap"], _estimate(report)))
         codes.append(int(report["exit_code"]))

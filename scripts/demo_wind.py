@@ -7,6 +7,7 @@ Owns `run_wind_demo`, the main job on the embedded La Haute Borne subset:
  the simulator on the same weeks' weather and check its trajectories; 6. print where the
  reports and TensorBoard runs are, with the regimes where the simulator diverges.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,6 +44,7 @@ def print_findings(title: str, report: dict, out: Path, limit: int = 4) -> None:
 
 
 def run_wind_demo(out: Path, max_steps: int, preset: str, progress: bool = True) -> int:
+    from wmcheck.checks.calibration import calibrate
     from wmcheck.datasets.embedded import embedded_data_path, embedded_mapping_path
     from wmcheck.datasets.importers import build_mapping, import_to_log
     from wmcheck.datasets.logformat import open_log
@@ -50,7 +52,6 @@ def run_wind_demo(out: Path, max_steps: int, preset: str, progress: bool = True)
     from wmcheck.datasets.sims.wind_turbine import replay_log
     from wmcheck.datasets.split import split_episodes
     from wmcheck.datasets.validate import validate_log
-    from wmcheck.checks.calibration import calibrate
     from wmcheck.training.config import TrainConfig
     from wmcheck.training.run import build_run_config, train
 
@@ -66,15 +67,30 @@ def run_wind_demo(out: Path, max_steps: int, preset: str, progress: bool = True)
     print(report.format_text())
     if not report.ok:
         return 2
-    stage(3, total, f"training a '{preset}' world model for {max_steps} steps on the real weeks (CPU), then calibrating on held-out weeks")
-    cfg = TrainConfig(preset=preset, max_steps=max_steps, lr=1e-3, warmup=min(100, max_steps),
-                      val_every=max(1, min(500, max_steps)), ckpt_every=max(1, min(250, max_steps)),
-                      progress_bar=progress, val_fraction=0.3)  # 0.3: five held-out weeks to calibrate and check on
+    stage(
+        3,
+        total,
+        f"training a '{preset}' world model for {max_steps} steps on the real weeks (CPU), then calibrating on held-out weeks",
+    )
+    cfg = TrainConfig(
+        preset=preset,
+        max_steps=max_steps,
+        lr=1e-3,
+        warmup=min(100, max_steps),
+        val_every=max(1, min(500, max_steps)),
+        ckpt_every=max(1, min(250, max_steps)),
+        progress_bar=progress,
+        val_fraction=0.3,
+    )  # 0.3: five held-out weeks to calibrate and check on
     result = train(log, out / "run", build_run_config(cfg))
     calibrate(result.run_dir, log)
     with open_log(log) as lg:
         _, held = split_episodes(lg.episode_ids, cfg.val_fraction, cfg.seed)
-    stage(4, total, f"replaying the {len(held)} held-out weeks through the power-curve simulator (logged weather and commands)")
+    stage(
+        4,
+        total,
+        f"replaying the {len(held)} held-out weeks through the power-curve simulator (logged weather and commands)",
+    )
     sim_log = out / "sim-replay.h5"
     replay_log(log, sim_log, held)
     sim_report = check_and_write(result.run_dir, sim_log, out / "report-simulator", "wmcheck demo (simulator replay)")

@@ -9,6 +9,7 @@ the importer's cleaning is exercised on them. A row is kept when its turbine mat
 timestamp, converted to UTC, lies in [start, end). The gzip header carries no name and no time, so
 the output is byte-identical across runs.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ Takes `DEMO/report-simulator/report.html` (full page, then cropped to the top) a
 serving DEMO (scalars page) and writes small PNGs (`report.png`, `tensorboard.png`). Needs
 chromium (scripts/setup.sh installs it as root) and the tensorboard package.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,10 +28,23 @@ def _chromium() -> str:
 
 def shoot(url: str, png: Path, width: int, height: int, wait_ms: int) -> None:
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                        f"--virtual-time-budget={wait_ms}", f"--screenshot={png}", url],
-                       check=True, capture_output=True, timeout=180)
+        subprocess.run(
+            [
+                _chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                f"--virtual-time-budget={wait_ms}",
+                f"--screenshot={png}",
+                url,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
 
 
 def shrink(png: Path, max_width: int = 760, max_height: int = 1100, colors: int = 32) -> None:
@@ -60,8 +74,21 @@ def main(argv=None) -> int:
     shoot(report.as_uri(), args.out / "report.png", 1150, 1900, 3000)
     shrink(args.out / "report.png")
     port = _free_port()
-    tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(args.demo), "--port", str(port),
-                           "--host", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tb = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(args.demo),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(8)  # TensorBoard reads the event files before it serves them
         shoot(f"http://127.0.0.1:{port}/?darkMode=false#timeseries", args.out / "tensorboard.png", 1300, 900, 15000)

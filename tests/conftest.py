@@ -1,4 +1,5 @@
 """Shared fixtures: small real-simulator logs recorded with gymnasium (no mocks)."""
+
 from __future__ import annotations
 
 import os
@@ -35,11 +36,17 @@ def record_pendulum(path, episodes: int = 12, steps: int = 200, hold: int = 5, s
             obs.append(o)
             acts.append(a)
             rews.append(r)
-        eps.append(Episode(np.array(obs, np.float32), np.array(acts, np.float32),
-                           rewards=np.array(rews, np.float32), id=i))
+        eps.append(
+            Episode(np.array(obs, np.float32), np.array(acts, np.float32), rewards=np.array(rews, np.float32), id=i)
+        )
     env.close()
-    meta = LogMeta(source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"],
-                   action_names=["torque"], units={"theta_dot": "rad/s", "torque": "N m"})
+    meta = LogMeta(
+        source="real",
+        dt=0.05,
+        observation_names=["cos_theta", "sin_theta", "theta_dot"],
+        action_names=["torque"],
+        units={"theta_dot": "rad/s", "torque": "N m"},
+    )
     write_log(path, eps, meta)
     return path
 
@@ -54,8 +61,13 @@ def light_check_config():
     contain the sizes the tests inject (gain 0.5) and the identity."""
     from wmcheck.checks.config import CheckConfig
 
-    return CheckConfig(gain_grid=(0.3, 0.5, 0.8, 1.0, 1.25, 2.0), offset_grid=(-0.5, 0.0, 0.5), deadband_grid=(0.0, 0.25),
-                       max_delay=3, bootstrap=200)
+    return CheckConfig(
+        gain_grid=(0.3, 0.5, 0.8, 1.0, 1.25, 2.0),
+        offset_grid=(-0.5, 0.0, 0.5),
+        deadband_grid=(0.0, 0.25),
+        max_delay=3,
+        bootstrap=200,
+    )
 
 
 def train_and_calibrate(tmp, real_log, steps: int):
@@ -65,8 +77,18 @@ def train_and_calibrate(tmp, real_log, steps: int):
     from wmcheck.training.run import build_run_config, train
 
     run = tmp / "run"
-    cfg = TrainConfig(preset="debug", max_steps=steps, seq_len=32, batch_size=32, lr=1e-3, warmup=100, val_every=steps,
-                      ckpt_every=steps, progress_bar=False, seed=0)
+    cfg = TrainConfig(
+        preset="debug",
+        max_steps=steps,
+        seq_len=32,
+        batch_size=32,
+        lr=1e-3,
+        warmup=100,
+        val_every=steps,
+        ckpt_every=steps,
+        progress_bar=False,
+        seed=0,
+    )
     train(real_log, run, build_run_config(cfg))
     calibrate(run, real_log, light_check_config(), verbose=False)
     return run
@@ -88,21 +110,33 @@ def pendulum_checked(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("pendulum")
     eps = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=40, max_steps=200, seed=0)
-    meta = LogMeta(source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"])
+    meta = LogMeta(
+        source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"]
+    )
     write_log(tmp / "real.h5", eps, meta)
     return train_and_calibrate(tmp, tmp / "real.h5", 2000), meta, tmp
 
 
-def record_pusher_pixels(path, episodes: int = 24, size: int = 16, seed: int = 0, profile: dict | None = None,
-                          source: str = "real"):
+def record_pusher_pixels(
+    path, episodes: int = 24, size: int = 16, seed: int = 0, profile: dict | None = None, source: str = "real"
+):
     """Pusher-v5 (MuJoCo) with rendered camera frames (size x size) under random held torques,
     through a `wmcheck.checks.reality` profile (e.g. a visual gap); 50 steps per episode."""
     from wmcheck.checks.reality import reality_env_args
     from wmcheck.datasets.record import record_to_log
 
     rid, kw = reality_env_args("Pusher-v5", profile or {})
-    record_to_log(path, rid, "hold:3", episodes=episodes, max_steps=50, seed=seed, env_kwargs=kw, source=source,
-                      render=(size, size))
+    record_to_log(
+        path,
+        rid,
+        "hold:3",
+        episodes=episodes,
+        max_steps=50,
+        seed=seed,
+        env_kwargs=kw,
+        source=source,
+        render=(size, size),
+    )
     return path
 
 
@@ -120,9 +154,23 @@ def pusher_pixel_run(pusher_pixel_log, tmp_path_factory):
     from wmcheck.training.run import build_run_config, train
 
     out = tmp_path_factory.mktemp("pixel_run")
-    cfg = TrainConfig(preset="debug", max_steps=200, batch_size=8, seq_len=16, lr=1e-3, warmup=20,
-                      val_every=200, ckpt_every=200, log_every=5, progress_bar=False, seed=0, val_fraction=0.25,
-                      openloop_context=5, openloop_horizons=(1, 4, 10), openloop_windows=4)
+    cfg = TrainConfig(
+        preset="debug",
+        max_steps=200,
+        batch_size=8,
+        seq_len=16,
+        lr=1e-3,
+        warmup=20,
+        val_every=200,
+        ckpt_every=200,
+        log_every=5,
+        progress_bar=False,
+        seed=0,
+        val_fraction=0.25,
+        openloop_context=5,
+        openloop_horizons=(1, 4, 10),
+        openloop_windows=4,
+    )
     result = train(pusher_pixel_log, out, build_run_config(cfg))
     calibrate(out, pusher_pixel_log, CheckConfig(context=8, horizon=16), verbose=False)
     return result

@@ -6,6 +6,7 @@ upright rest energy, then balances with PD feedback once it is near the top. `up
 rule on the recorded episode; `UprightPendulum` is Pendulum-v1 reporting `info["is_success"]`;
 `NoisySwingUp` is the swing-up with held torque noise, for recording "real" logs around the policy.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Baselines: calibrated on faithful data, detect a clear actuator gap (linear system, fast)."""
+
 from __future__ import annotations
 
 import numpy as np

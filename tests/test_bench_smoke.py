@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark scripts: each runs end to end with --quick (seconds) and writes
 JSON with the expected keys and finite numbers, plus the Markdown table."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,8 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(script: str, *args: str) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--quick", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), "--quick", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -34,8 +41,19 @@ def test_bench_train_quick(tmp_path):
     assert {"date", "torch", "cpu_count", "torch_threads", "device"} <= set(data["machine"])
     assert len(data["rows"]) >= 2
     for row in data["rows"]:
-        for key in ("preset", "B", "T", "device", "precision", "params", "timed_steps", "s_per_step",
-                    "env_steps_per_s", "ref_env_steps_per_s", "ratio"):
+        for key in (
+            "preset",
+            "B",
+            "T",
+            "device",
+            "precision",
+            "params",
+            "timed_steps",
+            "s_per_step",
+            "env_steps_per_s",
+            "ref_env_steps_per_s",
+            "ratio",
+        ):
             assert key in row, key
         assert _finite(row["s_per_step"]) and row["s_per_step"] > 0
         assert _finite(row["env_steps_per_s"]) and row["env_steps_per_s"] > 0
@@ -132,7 +150,9 @@ def test_bench_detection_quick(tmp_path):
     assert s["system"] == "pendulum" and s["calibration_blocks"] >= 24
     groups = [c["group"] for c in s["checks"]]
     assert groups.count("control") == 2 and groups.count("nominal") == 1 and groups.count("policy") == 1
-    assert sorted(c["gap"] for c in s["checks"] if c["group"] == "gap") == sorted(["latency", "actuator", "sensor_noise", "dynamics"])
+    assert sorted(c["gap"] for c in s["checks"] if c["group"] == "gap") == sorted(
+        ["latency", "actuator", "sensor_noise", "dynamics"]
+    )
     for c in s["checks"]:
         assert c["verdict"] in ("pass", "fail", "unverifiable") and c["flagged"] == (c["verdict"] != "pass")
         assert 0.0 <= c["score"] <= 1.0
@@ -148,7 +168,9 @@ def test_bench_detection_quick(tmp_path):
             assert 0.0 <= cell[key]["rate"] <= 1.0
         assert 0.0 <= cell["auroc"] <= 1.0
         for b in ("mmd", "mlp"):
-            assert 0.0 <= cell["baselines"][b]["detection"]["rate"] <= 1.0 and 0.0 <= cell["baselines"][b]["auroc"] <= 1.0
+            assert (
+                0.0 <= cell["baselines"][b]["detection"]["rate"] <= 1.0 and 0.0 <= cell["baselines"][b]["auroc"] <= 1.0
+            )
         if cell["gap"] == "dynamics":
             assert cell["power_predicted"] is None  # calibration does not inject dynamics gaps
         else:
@@ -176,10 +198,14 @@ def test_bench_detection_statistics():
     assert bd.variant(r, "latency", 2, std, "m").latency_steps == 3
     assert bd.variant(r, "actuator", 2.0, std, "m").actuator_gain == pytest.approx(0.4)
     noisy = bd.variant(r, "sensor_noise", 0.5, std, "m").sensor_noise_std
-    assert noisy == pytest.approx(np.sqrt(0.03 ** 2 + (0.5 * std) ** 2).tolist())
+    assert noisy == pytest.approx(np.sqrt(0.03**2 + (0.5 * std) ** 2).tolist())
     assert bd.variant(r, "dynamics", 0.5, std, "m").physics == {"m": {"scale": pytest.approx(1.8)}}
     v = bd.variant(r, "actuator", 1.25, std, "m")
-    assert (v.latency_steps, v.sensor_noise_std, v.physics) == (1, 0.03, {"m": {"scale": 1.2}})  # the other gaps stay reality's
+    assert (v.latency_steps, v.sensor_noise_std, v.physics) == (
+        1,
+        0.03,
+        {"m": {"scale": 1.2}},
+    )  # the other gaps stay reality's
     # latency: a simulator 2 steps slower is corrected by shifting its commands by -2
     assert bd.estimate_error("latency", 2, {"steps": -2})["abs_error"] == 0
     assert bd.estimate_error("latency", 2, {"steps": 1})["abs_error"] == 3
@@ -190,13 +216,32 @@ def test_bench_detection_statistics():
     spec = bd.quick(bd.PENDULUM)
 
     def fake(flag):
-        rows = [{"group": "control", "flagged": flag, "verdict": "fail" if flag else "pass", "score": 0.9 if flag else 0.5,
-                 "top_gap": "none", "estimates": {}, "baselines": {b: {"flagged": False, "score": 0.5} for b in ("mmd", "mlp")}}
-                for _ in range(20)]
-        rows += [{"group": "gap", "gap": g, "size": float(sz[-1]), "flagged": flag, "verdict": "fail" if flag else "pass",
-                  "score": 0.9 if flag else 0.5, "top_gap": g if flag else "none", "estimates": {},
-                  "baselines": {b: {"flagged": False, "score": 0.5} for b in ("mmd", "mlp")}}
-                 for g, sz in spec.gap_sizes().items()]
+        rows = [
+            {
+                "group": "control",
+                "flagged": flag,
+                "verdict": "fail" if flag else "pass",
+                "score": 0.9 if flag else 0.5,
+                "top_gap": "none",
+                "estimates": {},
+                "baselines": {b: {"flagged": False, "score": 0.5} for b in ("mmd", "mlp")},
+            }
+            for _ in range(20)
+        ]
+        rows += [
+            {
+                "group": "gap",
+                "gap": g,
+                "size": float(sz[-1]),
+                "flagged": flag,
+                "verdict": "fail" if flag else "pass",
+                "score": 0.9 if flag else 0.5,
+                "top_gap": g if flag else "none",
+                "estimates": {},
+                "baselines": {b: {"flagged": False, "score": 0.5} for b in ("mmd", "mlp")},
+            }
+            for g, sz in spec.gap_sizes().items()
+        ]
         return {t["target"]: t["met"] for t in bd.summarise(spec, rows, 0.05)["targets"]}
 
     always, never = fake(True), fake(False)

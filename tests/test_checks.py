@@ -6,6 +6,7 @@ detector that flags everything fails here), detect each gap at a clear size and 
 a sensible estimate (one that flags nothing fails there), and call a simulator that visits states
 the real logs never saw `unverifiable`, never `pass`.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,9 @@ from wmcheck.checks.config import Gate
 from wmcheck.checks.reality import RealityProfile, record_reality
 from wmcheck.checks.report_write import schema, write_outputs
 from wmcheck.datasets.episode import LogMeta
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log, write_log
 from wmcheck.datasets.record import record_episodes
-from wmcheck.datasets.errors import UserError
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +34,9 @@ def pendulum(pendulum_checked):
     return pendulum_checked  # conftest: trained once per session, shared with the policy tests
 
 
-def _sim(tmp: Path, meta: LogMeta, name: str, profile: RealityProfile, policy="hold:5", seed=5000, env="Pendulum-v1") -> Path:
+def _sim(
+    tmp: Path, meta: LogMeta, name: str, profile: RealityProfile, policy="hold:5", seed=5000, env="Pendulum-v1"
+) -> Path:
     eps = record_reality(env, profile, policy, episodes=8, max_steps=200, seed=seed)
     path = tmp / f"{name}.h5"
     write_log(path, eps, LogMeta(**{**meta.__dict__, "source": "sim"}))
@@ -62,7 +65,10 @@ def test_faithful_simulator_passes(pendulum, tmp_path):
         assert "would have caught" in report["summary"]["message"]
     else:
         assert "could not be measured reliably" in report["summary"]["message"]
-        assert all(p["smallest_detected"] is None and p["control_detection"] >= report["power"]["target"] for p in power.values())
+        assert all(
+            p["smallest_detected"] is None and p["control_detection"] >= report["power"]["target"]
+            for p in power.values()
+        )
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +127,14 @@ def test_report_files_schema_html_and_gate(pendulum, latency_report, tmp_path):
     paths = write_outputs(report, tmp_path / "report")
     data = json.loads(paths["json"].read_text())
     jsonschema.validate(data, schema())
-    assert data["verdict"] == "fail" and set(data["gaps"]) >= {"latency", "actuator", "sensor_noise", "dynamics", "distribution", "visual"}
+    assert data["verdict"] == "fail" and set(data["gaps"]) >= {
+        "latency",
+        "actuator",
+        "sensor_noise",
+        "dynamics",
+        "distribution",
+        "visual",
+    }
     bad = dict(data, verdict="maybe")
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema())
@@ -130,14 +143,28 @@ def test_report_files_schema_html_and_gate(pendulum, latency_report, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chromium is None:
         pytest.skip("chromium not installed (scripts/setup.sh installs it)")
-    out = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                          "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
-                          "--virtual-time-budget=3000", "--dump-dom", paths["html"].resolve().as_uri()],
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chrome'}",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            paths["html"].resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     dom = out.stdout
     assert 'id="verdict"' in dom and "FAIL" in dom, out.stderr[-2000:]
     assert 'id="gap-table"' in dom and dom.count("<tr>") >= 7 and "latency" in dom
-    assert "<img src=\"data:image/png;base64," in dom  # figures embedded, no network
+    assert '<img src="data:image/png;base64,' in dom  # figures embedded, no network
     # A gate that tolerates a 2-step latency turns the same finding into a pass (amber row).
     gate_file = tmp_path / "gate.yaml"
     gate_file.write_text("tolerances:\n  latency: {max_steps: 3}\n")
@@ -171,8 +198,13 @@ def test_out_of_support_simulator_is_unverifiable(tmp_path, check_trainer):
     # Reality: MountainCarContinuous under weak random commands stays in the valley; the checked
     # policy pumps energy and climbs to states no real log contains.
     rng = np.random.default_rng(0)
-    eps = record_episodes("MountainCarContinuous-v0", lambda obs: rng.uniform(-0.3, 0.3, size=1).astype(np.float32),
-                          episodes=30, max_steps=200, seed=0)
+    eps = record_episodes(
+        "MountainCarContinuous-v0",
+        lambda obs: rng.uniform(-0.3, 0.3, size=1).astype(np.float32),
+        episodes=30,
+        max_steps=200,
+        seed=0,
+    )
     meta = LogMeta(source="real", dt=1.0, observation_names=["position", "velocity"], action_names=["force"])
     write_log(tmp_path / "real.h5", eps, meta)
     with open_log(tmp_path / "real.h5") as log:

@@ -1,12 +1,26 @@
 """The statistics behind the verdicts: calibrated under the null, powerful under a shift."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from wmcheck.checks.attribution import evaluate_search, separate_top
-from wmcheck.checks.stats import (block_mmd_test, cluster_bootstrap, cluster_resample, clustered_mann_whitney,
-                                  conformal_p, episode_outlier_p, episode_t_greater, icc_of_ranks, mann_whitney_greater,
-                                  rank_auc, sign_flip_test, t_isf, t_sf, t_to_z)
+from wmcheck.checks.stats import (
+    block_mmd_test,
+    cluster_bootstrap,
+    cluster_resample,
+    clustered_mann_whitney,
+    conformal_p,
+    episode_outlier_p,
+    episode_t_greater,
+    icc_of_ranks,
+    mann_whitney_greater,
+    rank_auc,
+    sign_flip_test,
+    t_isf,
+    t_sf,
+    t_to_z,
+)
 
 
 def _episodes(rng, k: int, blocks: int, rho: float, shift: float = 0.0):
@@ -37,9 +51,11 @@ def test_conformal_p():
 
 def test_block_mmd_respects_blocks():
     rng = np.random.default_rng(1)
+
     # autocorrelated blocks from the same distribution: a per-step test would reject, the block test must not
     def blocks(n, shift=0.0):
         return [np.cumsum(rng.normal(size=(8, 2)), 0) * 0.3 + rng.normal(size=2) + shift for _ in range(n)]
+
     ps = [block_mmd_test(blocks(15), blocks(15), rng, permutations=100)[1] for _ in range(40)]
     assert np.mean(np.array(ps) < 0.05) <= 0.15
     assert block_mmd_test(blocks(15, shift=3.0), blocks(15), rng, permutations=100)[1] < 0.05

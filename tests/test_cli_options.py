@@ -1,5 +1,6 @@
 """CLI options come from the config dataclasses (one source of defaults and help), and the layers
 point one way (nothing below scripts/ imports it)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,6 +42,10 @@ def test_help_is_the_field_docstring():
 
 def test_lower_layers_never_import_scripts():
     pattern = re.compile(r"^\s*(from|import)\s+wmcheck\.scripts", re.M)
-    offenders = [str(p.relative_to(ROOT)) for pkg in ("checks", "training", "datasets", "worldmodel")
-                 for p in (ROOT / pkg).rglob("*.py") if pattern.search(p.read_text())]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for pkg in ("checks", "training", "datasets", "worldmodel")
+        for p in (ROOT / pkg).rglob("*.py")
+        if pattern.search(p.read_text())
+    ]
     assert offenders == []

@@ -1,4 +1,5 @@
 """`wmcheck import` end to end: summary printed, exit 2 with a fix on bad input, no file left behind."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,12 +20,36 @@ def _leftovers(folder):
 
 
 def test_import_flags_and_summary(tmp_path, capsys):
-    src = _csv(tmp_path, "time,machine,y,u,w\n" + "".join(
-        f"{k * 60},M1,{k if k != 4 else -1},{k},{k}\n" for k in range(20)))
+    src = _csv(
+        tmp_path, "time,machine,y,u,w\n" + "".join(f"{k * 60},M1,{k if k != 4 else -1},{k},{k}\n" for k in range(20))
+    )
     out = tmp_path / "log.h5"
-    rc = main(["import", str(src), "--out", str(out), "--time-col", "time", "--episode-col", "machine",
-               "--obs-cols", "y", "--action-cols", "u", "--input-cols", "w", "--sentinel", "y=-1",
-               "--units", "y=kW", "--valid-range", "w=0:", "--min-episode-steps", "5"])
+    rc = main(
+        [
+            "import",
+            str(src),
+            "--out",
+            str(out),
+            "--time-col",
+            "time",
+            "--episode-col",
+            "machine",
+            "--obs-cols",
+            "y",
+            "--action-cols",
+            "u",
+            "--input-cols",
+            "w",
+            "--sentinel",
+            "y=-1",
+            "--units",
+            "y=kW",
+            "--valid-range",
+            "w=0:",
+            "--min-episode-steps",
+            "5",
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0 and out.is_file()
     assert "import summary" in printed and "1 produced" in printed and "interpolated 1" in printed
@@ -37,8 +62,20 @@ def test_import_flags_and_summary(tmp_path, capsys):
 
 def test_import_embedded_with_mapping_file_and_override(tmp_path, capsys):
     out = tmp_path / "lhb.h5"
-    rc = main(["import", str(embedded_data_path()), "--mapping", str(embedded_mapping_path()),
-               "--out", str(out), "--max-interp-gap", "0", "--source", "sim"])
+    rc = main(
+        [
+            "import",
+            str(embedded_data_path()),
+            "--mapping",
+            str(embedded_mapping_path()),
+            "--out",
+            str(out),
+            "--max-interp-gap",
+            "0",
+            "--source",
+            "sim",
+        ]
+    )
     assert rc == 0
     with open_log(out) as log:
         assert log.meta.source == "sim"
@@ -50,13 +87,44 @@ def test_bad_inputs_exit_2_with_fix_and_leave_nothing(tmp_path, capsys):
     out = tmp_path / "out.h5"
     cases = [
         (["import", str(tmp_path / "missing.csv"), "--out", str(out), "--obs-cols", "a"], "does not exist"),
-        (["import", str(good), "--out", str(out), "--time-col", "t", "--obs-cols", "A"], "columns in the file: t, a, b"),
-        (["import", str(_csv(tmp_path, "t,a\n0,1\nnoon,2\n", "ts.csv")), "--out", str(out), "--time-col", "t",
-          "--obs-cols", "a"], "'noon' in column 't' at data row 2"),
-        (["import", str(good), "--out", str(out), "--time-col", "t", "--obs-cols", "a", "--action-cols", "b",
-          "--valid-range", "a=100:200"], "no episode left"),
-        (["import", str(good), "--out", str(out), "--time-col", "t", "--obs-cols", "a",
-          "--valid-range", "a=oops"], "expected lo:hi"),
+        (
+            ["import", str(good), "--out", str(out), "--time-col", "t", "--obs-cols", "A"],
+            "columns in the file: t, a, b",
+        ),
+        (
+            [
+                "import",
+                str(_csv(tmp_path, "t,a\n0,1\nnoon,2\n", "ts.csv")),
+                "--out",
+                str(out),
+                "--time-col",
+                "t",
+                "--obs-cols",
+                "a",
+            ],
+            "'noon' in column 't' at data row 2",
+        ),
+        (
+            [
+                "import",
+                str(good),
+                "--out",
+                str(out),
+                "--time-col",
+                "t",
+                "--obs-cols",
+                "a",
+                "--action-cols",
+                "b",
+                "--valid-range",
+                "a=100:200",
+            ],
+            "no episode left",
+        ),
+        (
+            ["import", str(good), "--out", str(out), "--time-col", "t", "--obs-cols", "a", "--valid-range", "a=oops"],
+            "expected lo:hi",
+        ),
         (["import", str(good), "--out", str(out), "--obs-cols", "a"], "--dt SECONDS"),
     ]
     for argv, message in cases:

@@ -4,6 +4,7 @@ Each row of CASES is one rule of the decision's docstring: the evidence that tri
 verdict, exit code, failing reasons and top gap it must give. A decision that passes everything or
 fails everything breaks many rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,14 @@ import pytest
 
 from wmcheck.checks.config import ActuatorTolerance, Gate, LatencyTolerance, Tolerances
 from wmcheck.checks.decision import Levels, decide, episode_verdict, gap_verdict
-from wmcheck.checks.evidence import (CheckEvidence, DistributionEvidence, DivergenceEvidence, EpisodeEvidence, GapEvidence,
-                                     PooledEvidence)
+from wmcheck.checks.evidence import (
+    CheckEvidence,
+    DistributionEvidence,
+    DivergenceEvidence,
+    EpisodeEvidence,
+    GapEvidence,
+    PooledEvidence,
+)
 from wmcheck.datasets.errors import UserError
 
 LEVELS = Levels.for_check(0.05, 4)
@@ -31,8 +38,20 @@ def episodes(divergent: int = 0, unverifiable: int = 0, n: int = 4) -> list[Epis
     return out
 
 
-def evidence(divergent=0, unverifiable=0, pooled=False, fire=(), tolerate=(), boot=None, shifted=False, min_coverage=None,
-             coverage=1.0, corrected_clean=None, policy=None, not_checked=()) -> CheckEvidence:
+def evidence(
+    divergent=0,
+    unverifiable=0,
+    pooled=False,
+    fire=(),
+    tolerate=(),
+    boot=None,
+    shifted=False,
+    min_coverage=None,
+    coverage=1.0,
+    corrected_clean=None,
+    policy=None,
+    not_checked=(),
+) -> CheckEvidence:
     gaps = {}
     for g in ("latency", "actuator", "sensor_noise", "dynamics", "visual"):
         if g in not_checked:
@@ -41,10 +60,14 @@ def evidence(divergent=0, unverifiable=0, pooled=False, fire=(), tolerate=(), bo
         ev = 3.0 if g in fire else 0.2
         b = np.full(50, ev) if boot is None else np.asarray(boot.get(g, np.full(50, ev)))
         gaps[g] = GapEvidence(g, ev, within_tolerance=g in tolerate, boot=b)
-    div = DivergenceEvidence(episodes(divergent, unverifiable), PooledEvidence(dict(CALM, divergence=TINY) if pooled else dict(CALM)))
+    div = DivergenceEvidence(
+        episodes(divergent, unverifiable), PooledEvidence(dict(CALM, divergence=TINY) if pooled else dict(CALM))
+    )
     corrected = None
     if corrected_clean is not None:
-        corrected = (DivergenceEvidence(episodes(0, unverifiable), PooledEvidence(dict(CALM))) if corrected_clean else div)
+        corrected = (
+            DivergenceEvidence(episodes(0, unverifiable), PooledEvidence(dict(CALM))) if corrected_clean else div
+        )
     dist = DistributionEvidence(0.001 if shifted else 0.5, coverage=coverage, min_coverage=min_coverage)
     return CheckEvidence(div, gaps, dist, corrected, policy)
 
@@ -55,32 +78,94 @@ CASES = [
     ("E1/R1 a divergent episode fails", dict(divergent=1), "fail", 1, ("episodes",), "none"),
     ("R1 the pooled test alone fails", dict(pooled=True), "fail", 1, ("pooled",), "none"),
     ("G3/R1 a present gap fails without divergence", dict(fire=("actuator",)), "fail", 1, ("actuator",), "actuator"),
-    ("T1 two gaps, the bootstrap separates", dict(fire=("latency", "actuator"), boot={"latency": np.full(50, 5.0)}),
-     "fail", 1, ("latency", "actuator"), "latency"),
-    ("T1 two gaps the bootstrap cannot separate are confounded",
-     dict(fire=("latency", "actuator"), boot={"latency": np.r_[np.full(25, 5.0), np.ones(25)], "actuator": np.full(50, 3.0)}),
-     "fail", 1, ("latency", "actuator"), "none"),
+    (
+        "T1 two gaps, the bootstrap separates",
+        dict(fire=("latency", "actuator"), boot={"latency": np.full(50, 5.0)}),
+        "fail",
+        1,
+        ("latency", "actuator"),
+        "latency",
+    ),
+    (
+        "T1 two gaps the bootstrap cannot separate are confounded",
+        dict(
+            fire=("latency", "actuator"),
+            boot={"latency": np.r_[np.full(25, 5.0), np.ones(25)], "actuator": np.full(50, 3.0)},
+        ),
+        "fail",
+        1,
+        ("latency", "actuator"),
+        "none",
+    ),
     ("R2 a tolerated gap alone passes", dict(fire=("latency",), tolerate=("latency",)), "pass", 0, (), "latency"),
-    ("R2 tolerated, and its correction removes the divergence: pass",
-     dict(divergent=2, pooled=True, fire=("latency",), tolerate=("latency",), corrected_clean=True), "pass", 0, (), "latency"),
-    ("R2 tolerated, but the divergence remains after the correction: fail",
-     dict(divergent=2, pooled=True, fire=("latency",), tolerate=("latency",), corrected_clean=False),
-     "fail", 1, ("episodes", "pooled"), "latency"),
-    ("R2 a tolerated gap does not excuse another present gap",
-     dict(fire=("latency", "dynamics"), tolerate=("latency",), boot={"dynamics": np.full(50, 9.0)}), "fail", 1, ("dynamics",),
-     "dynamics"),
+    (
+        "R2 tolerated, and its correction removes the divergence: pass",
+        dict(divergent=2, pooled=True, fire=("latency",), tolerate=("latency",), corrected_clean=True),
+        "pass",
+        0,
+        (),
+        "latency",
+    ),
+    (
+        "R2 tolerated, but the divergence remains after the correction: fail",
+        dict(divergent=2, pooled=True, fire=("latency",), tolerate=("latency",), corrected_clean=False),
+        "fail",
+        1,
+        ("episodes", "pooled"),
+        "latency",
+    ),
+    (
+        "R2 a tolerated gap does not excuse another present gap",
+        dict(fire=("latency", "dynamics"), tolerate=("latency",), boot={"dynamics": np.full(50, 9.0)}),
+        "fail",
+        1,
+        ("dynamics",),
+        "dynamics",
+    ),
     ("E2/R5 an episode outside competence: unverifiable", dict(unverifiable=1), "unverifiable", 1, (), "none"),
-    ("E1 beats E2: divergent on its competent blocks fails", dict(divergent=1, unverifiable=1), "fail", 1, ("episodes",), "none"),
+    (
+        "E1 beats E2: divergent on its competent blocks fails",
+        dict(divergent=1, unverifiable=1),
+        "fail",
+        1,
+        ("episodes",),
+        "none",
+    ),
     ("R3/T3 a distribution gap alone is reported, not failing", dict(shifted=True), "pass", 0, (), "distribution"),
-    ("R1 coverage below the gate's binding minimum fails", dict(min_coverage=0.9, coverage=0.5), "fail", 1, ("coverage",),
-     "distribution"),
-    ("R4 residual gaps on shifted states: unverifiable, not fail", dict(shifted=True, fire=("sensor_noise",)),
-     "unverifiable", 1, (), "sensor_noise"),
-    ("R4 does not cover the searches: a latency gap on shifted states fails", dict(shifted=True, fire=("latency",)),
-     "fail", 1, ("latency",), "latency"),
+    (
+        "R1 coverage below the gate's binding minimum fails",
+        dict(min_coverage=0.9, coverage=0.5),
+        "fail",
+        1,
+        ("coverage",),
+        "distribution",
+    ),
+    (
+        "R4 residual gaps on shifted states: unverifiable, not fail",
+        dict(shifted=True, fire=("sensor_noise",)),
+        "unverifiable",
+        1,
+        (),
+        "sensor_noise",
+    ),
+    (
+        "R4 does not cover the searches: a latency gap on shifted states fails",
+        dict(shifted=True, fire=("latency",)),
+        "fail",
+        1,
+        ("latency",),
+        "latency",
+    ),
     ("R1 a visual gap fails", dict(fire=("visual",)), "fail", 1, ("visual",), "visual"),
     ("R1 a failed policy gate fails a consistent check", dict(policy=False), "fail", 1, ("policy_gate",), "none"),
-    ("G1 tests that could not run neither pass nor fail a gap", dict(not_checked=("latency", "actuator")), "pass", 0, (), "none"),
+    (
+        "G1 tests that could not run neither pass nor fail a gap",
+        dict(not_checked=("latency", "actuator")),
+        "pass",
+        0,
+        (),
+        "none",
+    ),
 ]
 
 
@@ -148,7 +233,9 @@ def test_gate_rejects_unknown_misspelt_and_mistyped_keys(tmp_path):
     with pytest.raises(UserError, match="alpah"):
         Gate.load(tmp_path / "g3.yaml")
     ok = tmp_path / "ok.yaml"
-    ok.write_text("alpha: 0.01\ntolerances:\n  latency: {max_steps: 1}\n  sensor_noise: {max_ratio: 1.5, max_bias: 0.1}\n")
+    ok.write_text(
+        "alpha: 0.01\ntolerances:\n  latency: {max_steps: 1}\n  sensor_noise: {max_ratio: 1.5, max_bias: 0.1}\n"
+    )
     gate = Gate.load(ok)
     assert gate.tolerances.latency.covers(-1) and not gate.tolerances.latency.covers(2)
     assert gate.tolerances.sensor_noise.covers(0.8, 0.05) and not gate.tolerances.sensor_noise.covers(1.2, 0.2)

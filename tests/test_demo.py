@@ -1,5 +1,6 @@
 """The README's main-job command and the synthetic demo, with tiny training budgets: real data in,
 a model trained, a simulator and a policy checked, reports written, paths printed."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,22 @@ from wmcheck.checks.report_write import schema as load_schema
 
 def _demo(tmp_path, *extra):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "wmcheck.scripts.cli", "--threads", "1", "demo", "--out", str(out),
-                           "--no-progress", *extra], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wmcheck.scripts.cli",
+            "--threads",
+            "1",
+            "demo",
+            "--out",
+            str(out),
+            "--no-progress",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1 = a gap was found
     assert "Traceback" not in proc.stderr
     return out, proc
@@ -35,7 +50,9 @@ def test_wind_demo_runs_end_to_end(tmp_path):
         assert report["regimes"] is not None and report["regimes"]["channels"]
         assert str(out / name / "report.html") in proc.stdout
         reports.append(report)
-    assert reports[0]["provenance"]["rollouts_source"] == "sim" and reports[1]["provenance"]["rollouts_source"] == "policy"
+    assert (
+        reports[0]["provenance"]["rollouts_source"] == "sim" and reports[1]["provenance"]["rollouts_source"] == "policy"
+    )
     # the simulator replays the held-out weeks' logged weather and commands: every block has a real
     # twin and the pooled test is paired; the policy's yaw changes the vane angle, so it has none
     assert reports[0]["summary"]["pooled_test"].startswith("paired"), reports[0]["summary"]["pooled_test"]

@@ -1,4 +1,5 @@
 """The image encoder/decoder (reference section 2) and the world model with camera frames; B != T != 1."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -14,19 +15,30 @@ B, T, D, A = 3, 5, 4, 2
 
 
 def image_cfg(size=16, **kw):
-    return preset("debug", obs_dim=D, action_dim=A, image_keys=["image"], image_key_channels=[3],
-                  image_shape=[size, size, 3], **kw)
+    return preset(
+        "debug",
+        obs_dim=D,
+        action_dim=A,
+        image_keys=["image"],
+        image_key_channels=[3],
+        image_shape=[size, size, 3],
+        **kw,
+    )
 
 
 def image_seq(cfg, b=B, t=T, seed=0):
     g = torch.Generator().manual_seed(seed)
     H, W, C = cfg.image_shape
     seq = SimpleNamespace(
-        obs=torch.randn(b, t, D, generator=g), prev_action=torch.randn(b, t, A, generator=g),
-        prev_input=torch.zeros(b, t, 0), reward=torch.randn(b, t, generator=g),
-        is_first=torch.zeros(b, t, dtype=torch.bool), is_last=torch.zeros(b, t, dtype=torch.bool),
+        obs=torch.randn(b, t, D, generator=g),
+        prev_action=torch.randn(b, t, A, generator=g),
+        prev_input=torch.zeros(b, t, 0),
+        reward=torch.randn(b, t, generator=g),
+        is_first=torch.zeros(b, t, dtype=torch.bool),
+        is_last=torch.zeros(b, t, dtype=torch.bool),
         is_terminal=torch.zeros(b, t, dtype=torch.bool),
-        images={"image": torch.randint(0, 256, (b, t, H, W, C), generator=g, dtype=torch.uint8)})
+        images={"image": torch.randint(0, 256, (b, t, H, W, C), generator=g, dtype=torch.uint8)},
+    )
     seq.is_first[:, 0] = True
     return seq
 

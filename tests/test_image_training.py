@@ -1,5 +1,6 @@
 """Training from pixels on a real MuJoCo log: streamed image windows, a falling image loss, the
 open-loop video in TensorBoard, and a model that reloads from model.pt with its CNNs."""
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,5 @@
 """The importer on real SCADA data: the embedded La Haute Borne subset, and the full file if present."""
+
 from __future__ import annotations
 
 import gzip

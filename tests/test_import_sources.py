@@ -1,4 +1,5 @@
 """Non-CSV sources: npz (columns and log layout), Minari HDF5, Parquet (optional dependency)."""
+
 from __future__ import annotations
 
 import sys
@@ -7,10 +8,10 @@ import h5py
 import numpy as np
 import pytest
 
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers import CopyOptions, ImportMapping, import_to_log, load_source, source_kind
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.validate import validate_log
-from wmcheck.datasets.errors import UserError
 
 
 def test_npz_columns_go_through_the_pipeline(tmp_path):
@@ -18,8 +19,7 @@ def test_npz_columns_go_through_the_pipeline(tmp_path):
     t = np.arange(12) * 2.0
     y = np.where(np.arange(12) == 3, np.nan, 3 * t)
     np.savez(p, time=t, machine=np.array(["a"] * 6 + ["b"] * 6), y=y, u=-t)
-    m = ImportMapping(time_col="time", episode_col="machine", obs_cols=["y"], action_cols=["u"],
-                      min_episode_steps=1)
+    m = ImportMapping(time_col="time", episode_col="machine", obs_cols=["y"], action_cols=["u"], min_episode_steps=1)
     assert source_kind(p) == "npz"
     r = load_source(p, m)
     assert [e.name for e in r.episodes] == ["a", "b"]
@@ -31,9 +31,16 @@ def test_npz_log_layout_d4rl_rows(tmp_path):
     p = tmp_path / "log.npz"
     R = 10  # two episodes of 6 and 4 rows
     obs = np.arange(R * 2, dtype=np.float32).reshape(R, 2)
-    np.savez(p, observations=obs, actions=np.arange(R, dtype=np.float32), rewards=np.ones(R),
-             terminals=np.r_[np.zeros(9, bool), True], episode_starts=np.r_[True, [False] * 5, True, [False] * 3],
-             observation_names=np.array(["x", "v"]), dt=np.float64(0.1))
+    np.savez(
+        p,
+        observations=obs,
+        actions=np.arange(R, dtype=np.float32),
+        rewards=np.ones(R),
+        terminals=np.r_[np.zeros(9, bool), True],
+        episode_starts=np.r_[True, [False] * 5, True, [False] * 3],
+        observation_names=np.array(["x", "v"]),
+        dt=np.float64(0.1),
+    )
     assert source_kind(p) == "npz-log"
     r = load_source(p, options=CopyOptions(action_names=["force"]))
     e0, e1 = r.episodes
@@ -48,8 +55,14 @@ def test_npz_log_layout_d4rl_rows(tmp_path):
 def test_npz_log_layout_with_next_observations_keeps_every_transition(tmp_path):
     p = tmp_path / "next.npz"
     obs = np.arange(8, dtype=np.float32).reshape(4, 2)
-    np.savez(p, observations=obs, next_observations=obs + 100, actions=np.zeros((4, 3)),
-             terminations=np.array([0, 0, 0, 1], bool), episode=np.array([7, 7, 7, 7]))
+    np.savez(
+        p,
+        observations=obs,
+        next_observations=obs + 100,
+        actions=np.zeros((4, 3)),
+        terminations=np.array([0, 0, 0, 1], bool),
+        episode=np.array([7, 7, 7, 7]),
+    )
     (ep,) = load_source(p).episodes
     assert ep.num_steps == 4 and ep.observations.shape == (5, 2)
     np.testing.assert_array_equal(ep.observations[-1], obs[-1] + 100)
@@ -82,8 +95,7 @@ def _minari_like(path, episodes=2, n=7):
 def test_minari_file_is_copied_with_attributes_from_flags(tmp_path):
     src, out = tmp_path / "main_data.hdf5", tmp_path / "log.h5"
     _minari_like(src)
-    s = import_to_log(src, out, options=CopyOptions(source="sim", dt=0.05,
-                                                    observation_names=["cos", "sin", "omega"]))
+    s = import_to_log(src, out, options=CopyOptions(source="sim", dt=0.05, observation_names=["cos", "sin", "omega"]))
     assert s.episodes_produced == 2 and s.steps_produced == 14
     with open_log(out) as log:
         assert log.meta.dt == 0.05 and log.meta.observation_names == ["cos", "sin", "omega"]
@@ -118,12 +130,17 @@ def test_parquet_round_trip(tmp_path):
 
     t0 = dt.datetime(2014, 3, 30, 0, 40, tzinfo=dt.timezone.utc)
     times = [t0 + dt.timedelta(minutes=10 * k) for k in range(6)]
-    table = pa.table({"time": pa.array(times, pa.timestamp("s", tz="Europe/Paris")),
-                      "turbine": ["A"] * 6, "y": [1.0, None, 3.0, 4.0, 5.0, 6.0], "u": list(range(6))})
+    table = pa.table(
+        {
+            "time": pa.array(times, pa.timestamp("s", tz="Europe/Paris")),
+            "turbine": ["A"] * 6,
+            "y": [1.0, None, 3.0, 4.0, 5.0, 6.0],
+            "u": list(range(6)),
+        }
+    )
     p = tmp_path / "x.parquet"
     pq.write_table(table, p)
-    m = ImportMapping(time_col="time", episode_col="turbine", obs_cols=["y"], action_cols=["u"],
-                      min_episode_steps=1)
+    m = ImportMapping(time_col="time", episode_col="turbine", obs_cols=["y"], action_cols=["u"], min_episode_steps=1)
     r = load_source(p, m)
     (ep,) = r.episodes
     assert ep.timestamps[0] == t0.timestamp() and np.all(np.diff(ep.timestamps) == 600)

@@ -1,4 +1,5 @@
 """The tabular import pipeline on small synthetic CSVs: timestamps, machines, cleaning, gaps, errors."""
+
 from __future__ import annotations
 
 import gzip
@@ -7,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers import ImportMapping, build_mapping, load_source
 from wmcheck.datasets.importers.csv_source import import_csv
-from wmcheck.datasets.errors import UserError
 
 
 def write_csv(path, header, rows, delimiter=","):
@@ -36,10 +37,18 @@ def numeric_rows(n, dt=10.0, t0=0.0, skip=(), blank=()):
 
 def test_iso_timestamps_across_daylight_saving_are_converted_to_utc(tmp_path):
     # Europe/Paris: spring forward 2014-03-30 02:00 -> 03:00, fall back 2014-10-26 03:00 -> 02:00
-    spring = ["2014-03-30T01:40:00+01:00", "2014-03-30T01:50:00+01:00", "2014-03-30T03:00:00+02:00",
-              "2014-03-30T03:10:00+02:00"]
-    fall = ["2014-10-26T02:40:00+02:00", "2014-10-26T02:50:00+02:00", "2014-10-26T02:00:00+01:00",
-            "2014-10-26T02:10:00+01:00"]
+    spring = [
+        "2014-03-30T01:40:00+01:00",
+        "2014-03-30T01:50:00+01:00",
+        "2014-03-30T03:00:00+02:00",
+        "2014-03-30T03:10:00+02:00",
+    ]
+    fall = [
+        "2014-10-26T02:40:00+02:00",
+        "2014-10-26T02:50:00+02:00",
+        "2014-10-26T02:00:00+01:00",
+        "2014-10-26T02:10:00+01:00",
+    ]
     rows = [(ts, k, k) for k, ts in enumerate(spring + fall)]
     rows = rows[::-1]  # out of order in the file: sorted per machine on import
     p = write_csv(tmp_path / "dst.csv", ["t", "y", "u"], rows)
@@ -72,8 +81,7 @@ def test_numeric_seconds_and_inferred_dt(tmp_path):
 
 
 def test_step_values_start_and_end_alignment(tmp_path):
-    p = write_csv(tmp_path / "a.csv", ["t", "y", "u", "w"],
-                  [(k, 10 * k, 100 + k, 200 + k) for k in range(6)])
+    p = write_csv(tmp_path / "a.csv", ["t", "y", "u", "w"], [(k, 10 * k, 100 + k, 200 + k) for k in range(6)])
     start = import_csv(p, mapping(input_cols=["w"], step_values="start")).episodes[0]
     end = import_csv(p, mapping(input_cols=["w"], step_values="end")).episodes[0]
     # step t goes from obs row t to obs row t+1; "start" takes row t's command, "end" row t+1's
@@ -259,20 +267,23 @@ def test_short_row_is_reported_with_its_line(tmp_path):
 # --- the mapping --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(obs_cols=[]), "no observation columns"),
-    (dict(action_cols=["y"]), "both in obs_cols and action_cols"),
-    (dict(source="lab"), "source must be one of"),
-    (dict(dt=-1), "positive"),
-    (dict(max_interp_gap=-1), "max_interp_gap"),
-    (dict(min_episode_steps=0), "min_episode_steps"),
-    (dict(min_episode_steps=20, max_episode_steps=10), "max_episode_steps"),
-    (dict(valid_ranges={"y": [5, 1]}), "empty"),
-    (dict(valid_ranges={"y": [1]}), r"\[lo, hi\]"),
-    (dict(step_values="middle"), "step_values"),
-    (dict(timezone="Mars/Olympus"), "time zone"),
-    (dict(time_col=None), "dt"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(obs_cols=[]), "no observation columns"),
+        (dict(action_cols=["y"]), "both in obs_cols and action_cols"),
+        (dict(source="lab"), "source must be one of"),
+        (dict(dt=-1), "positive"),
+        (dict(max_interp_gap=-1), "max_interp_gap"),
+        (dict(min_episode_steps=0), "min_episode_steps"),
+        (dict(min_episode_steps=20, max_episode_steps=10), "max_episode_steps"),
+        (dict(valid_ranges={"y": [5, 1]}), "empty"),
+        (dict(valid_ranges={"y": [1]}), r"\[lo, hi\]"),
+        (dict(step_values="middle"), "step_values"),
+        (dict(timezone="Mars/Olympus"), "time zone"),
+        (dict(time_col=None), "dt"),
+    ],
+)
 def test_mapping_rejects_bad_values(kw, match):
     with pytest.raises(UserError, match=match) as e:
         mapping(**kw)

@@ -1,4 +1,5 @@
 """Log format v1: writer/reader round trip, atomic writes, bad files, plain Minari files."""
+
 from __future__ import annotations
 
 import json
@@ -8,12 +9,13 @@ import numpy as np
 import pytest
 
 from wmcheck.datasets.episode import Episode, LogMeta
-from wmcheck.datasets.logformat import LogWriter, open_log, write_log
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.logformat import LogWriter, open_log, write_log
 
 
-def make_episode(i: int, n: int = 7, d: int = 3, a: int = 2, e: int = 0, image: bool = False,
-                 terminated: bool = False) -> Episode:
+def make_episode(
+    i: int, n: int = 7, d: int = 3, a: int = 2, e: int = 0, image: bool = False, terminated: bool = False
+) -> Episode:
     rng = np.random.default_rng(i)
     return Episode(
         observations=rng.normal(size=(n + 1, d)).astype(np.float32),
@@ -23,7 +25,10 @@ def make_episode(i: int, n: int = 7, d: int = 3, a: int = 2, e: int = 0, image: 
         terminations=np.eye(1, n, n - 1, dtype=bool)[0] if terminated else None,
         timestamps=100.0 + 0.05 * np.arange(n + 1),
         obs_groups={"image": rng.integers(0, 255, (n + 1, 8, 6, 3), dtype=np.uint8)} if image else {},
-        id=i, seed=10 + i, name=f"R{i}")
+        id=i,
+        seed=10 + i,
+        name=f"R{i}",
+    )
 
 
 def assert_same(a: Episode, b: Episode) -> None:
@@ -43,8 +48,14 @@ def assert_same(a: Episode, b: Episode) -> None:
     assert (a.id, a.seed, a.name) == (b.id, b.seed, b.name)
 
 
-META = LogMeta(source="real", dt=0.05, observation_names=["x", "y", "z"], action_names=["u", "v"],
-               input_names=["wind"], units={"x": "m", "wind": "m/s"})
+META = LogMeta(
+    source="real",
+    dt=0.05,
+    observation_names=["x", "y", "z"],
+    action_names=["u", "v"],
+    input_names=["wind"],
+    units={"x": "m", "wind": "m/s"},
+)
 
 
 def test_round_trip_with_inputs_and_file_attrs(tmp_path):
@@ -223,24 +234,35 @@ def test_plain_minari_file_with_discrete_actions(tmp_path):
         np.testing.assert_array_equal(ep.rewards, [0, 1, 2, 3])
         assert ep.terminations[-1] and ep.seed == 3 and log.read(1).seed is None
     # Minari's metadata.json beside the file names the true number of classes.
-    (tmp_path / "metadata.json").write_text(json.dumps(
-        {"action_space": json.dumps({"type": "Discrete", "dtype": "int64", "start": 0, "n": 5})}))
+    (tmp_path / "metadata.json").write_text(
+        json.dumps({"action_space": json.dumps({"type": "Discrete", "dtype": "int64", "start": 0, "n": 5})})
+    )
     with open_log(path) as log:
         assert log.read(1).actions.shape == (2, 5)
 
 
 def test_plain_minari_dict_observations(tmp_path):
     n = 4
-    obs = {"observation": np.random.rand(n + 1, 3), "desired_goal": np.random.rand(n + 1, 2),
-           "achieved_goal": np.random.rand(n + 1, 2), "pixels": np.zeros((n + 1, 6, 5, 3), np.uint8)}
+    obs = {
+        "observation": np.random.rand(n + 1, 3),
+        "desired_goal": np.random.rand(n + 1, 2),
+        "achieved_goal": np.random.rand(n + 1, 2),
+        "pixels": np.zeros((n + 1, 6, 5, 3), np.uint8),
+    }
     path = tmp_path / "main_data.hdf5"
     with h5py.File(path, "w") as f:
         write_minari_episode(f, 0, obs, np.random.rand(n, 2).astype(np.float32), seed=0)
         f["episode_0"].attrs["seed"] = "None"  # older Minari versions stored a missing seed like this
     with open_log(path) as log:
-        assert log.meta.observation_names == ["achieved_goal[0]", "achieved_goal[1]", "desired_goal[0]",
-                                              "desired_goal[1]", "observation[0]", "observation[1]",
-                                              "observation[2]"]
+        assert log.meta.observation_names == [
+            "achieved_goal[0]",
+            "achieved_goal[1]",
+            "desired_goal[0]",
+            "desired_goal[1]",
+            "observation[0]",
+            "observation[1]",
+            "observation[2]",
+        ]
         ep = log.read(0)
         expected = np.concatenate([obs["achieved_goal"], obs["desired_goal"], obs["observation"]], 1)
         np.testing.assert_allclose(ep.observations, expected.astype(np.float32))

@@ -1,4 +1,5 @@
 """Normalizer (fit on train only, constant channels, save/load, errors) and the episode split."""
+
 from __future__ import annotations
 
 import json
@@ -16,12 +17,15 @@ def episode(i: int, n: int = 20, offset: float = 0.0) -> Episode:
     rng = np.random.default_rng(i)
     obs = rng.normal(offset, 1 + i, size=(n + 1, 3)).astype(np.float32)
     obs[:, 2] = 7.0  # constant channel
-    return Episode(observations=obs, actions=rng.normal(size=(n, 2)).astype(np.float32),
-                   inputs=rng.normal(3, 2, size=(n, 1)).astype(np.float32), id=i)
+    return Episode(
+        observations=obs,
+        actions=rng.normal(size=(n, 2)).astype(np.float32),
+        inputs=rng.normal(3, 2, size=(n, 1)).astype(np.float32),
+        id=i,
+    )
 
 
-META = LogMeta(source="real", observation_names=["p", "q", "fixed"], action_names=["u", "v"],
-               input_names=["wind"])
+META = LogMeta(source="real", observation_names=["p", "q", "fixed"], action_names=["u", "v"], input_names=["wind"])
 
 
 def test_fit_matches_numpy_on_the_training_episodes_only(tmp_path):

@@ -9,6 +9,7 @@ fails here); a simulator whose pendulum is much lighter (the same torque swings 
 so the policy's success there owes much to the simulator) must be (one that flags nothing fails
 there). The gate's policy requirements fail the check when unmet and pass it when met.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,13 @@ import pytest
 from wmcheck.checks.check import run_check
 from wmcheck.checks.config import POLICY_GATE_DEFAULTS, Gate
 from wmcheck.checks.policy_check import PolicyRun, policy_gate
-from wmcheck.checks.reality import RealityProfile, record_reality, reality_env_args
+from wmcheck.checks.reality import RealityProfile, reality_env_args, record_reality
 from wmcheck.checks.report_write import schema, write_outputs
 from wmcheck.datasets.episode import LogMeta
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import write_log
 from wmcheck.datasets.record import record_to_log
 from wmcheck.scripts.cli import main
-from wmcheck.datasets.errors import UserError
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,9 @@ def swing_reality(tmp_path_factory, check_trainer):
     ctrl = record_reality("Pendulum-v1", RealityProfile(), NoisySwingUp(), episodes=30, max_steps=200, seed=100)
     for i, e in enumerate(hold + ctrl):
         e.id = i
-    meta = LogMeta(source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"])
+    meta = LogMeta(
+        source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"]
+    )
     write_log(tmp / "real.h5", hold + ctrl, meta)
     return check_trainer(tmp, tmp / "real.h5", 2000), tmp
 
@@ -62,9 +65,29 @@ def test_faithful_simulator_policy_passes_cli(swing_reality, tmp_path):
     gate = tmp_path / "gate.yaml"
     gate.write_text("policy: {min_episodes: 8, min_success_rate: 0.85}\n")
     out = tmp_path / "report"
-    code = main(["check", str(run), "--env", "Pendulum-v1", "--policy", "policy_helpers:swing_up", "--success",
-                 "policy_helpers:upright", "--episodes", "8", "--max-steps", "200", "--seed", "5000", "--gate", str(gate),
-                 "--out", str(out), "--no-tensorboard"])
+    code = main(
+        [
+            "check",
+            str(run),
+            "--env",
+            "Pendulum-v1",
+            "--policy",
+            "policy_helpers:swing_up",
+            "--success",
+            "policy_helpers:upright",
+            "--episodes",
+            "8",
+            "--max-steps",
+            "200",
+            "--seed",
+            "5000",
+            "--gate",
+            str(gate),
+            "--out",
+            str(out),
+            "--no-tensorboard",
+        ]
+    )
     report = json.loads((out / "report.json").read_text())
     pol = report["policy"]
     # the paired comparison is present and sensible: same initial conditions, returns close
@@ -91,11 +114,25 @@ def test_faithful_simulator_policy_passes_cli(swing_reality, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chromium is None:
         pytest.skip("chromium not installed (scripts/setup.sh installs it)")
-    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                          "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
-                          "--virtual-time-budget=3000", "--dump-dom", (out / "report.html").resolve().as_uri()],
-                         capture_output=True, text=True, timeout=180).stdout
-    assert 'id="policy-gate"' in dom and "simulator success rate (callable)" in dom and "alt=\"policy returns\"" in dom
+    dom = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chrome'}",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            (out / "report.html").resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    ).stdout
+    assert 'id="policy-gate"' in dom and "simulator success rate (callable)" in dom and 'alt="policy returns"' in dom
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +143,17 @@ def lighter_report(swing_reality):
     env_id, kwargs = reality_env_args("policy_helpers:UprightPendulum", LIGHTER)
     outcomes = {}
     path = tmp / "lighter.h5"
-    record_to_log(path, env_id, "policy_helpers:swing_up", episodes=40, max_steps=200, seed=5000, env_kwargs=kwargs,
-                  source="policy", outcomes=outcomes)
+    record_to_log(
+        path,
+        env_id,
+        "policy_helpers:swing_up",
+        episodes=40,
+        max_steps=200,
+        seed=5000,
+        env_kwargs=kwargs,
+        source="policy",
+        outcomes=outcomes,
+    )
     policy = PolicyRun(env_id, "policy_helpers:swing_up", kwargs, None, outcomes)
     return run_check(run, path, Gate(policy={"min_episodes": 8, "min_success_rate": 0.85}), policy=policy)
 
@@ -134,8 +180,13 @@ def test_simulator_artefact_exploitation_flagged(lighter_report, tmp_path):
     events = EventAccumulator(str(tmp_path / "r" / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"check/policy/exploitation_flag", "check/policy/success_rate", "check/policy/return_difference",
-            "check/policy/coverage", "check/policy/gate_passed"} <= tags, tags
+    assert {
+        "check/policy/exploitation_flag",
+        "check/policy/success_rate",
+        "check/policy/return_difference",
+        "check/policy/coverage",
+        "check/policy/gate_passed",
+    } <= tags, tags
     assert events.Scalars("check/policy/exploitation_flag")[0].value == 1.0
     assert "High-return episodes above every model rollout" in paths["html"].read_text()
 
@@ -149,7 +200,9 @@ def test_policy_gate_requirements():
     assert not low["passed"] and "90.0%" in low["reasons"][0] and "95%" in low["reasons"][0]
     unknown = policy_gate({"min_episodes": 5}, 10, {"simulator_rate": None, "successes": 0, "known": 0}, False)
     assert not unknown["passed"] and "--success" in unknown["reasons"][0]
-    assert policy_gate({"min_episodes": 5, "min_success_rate": 0.0}, 10, {"simulator_rate": None, "successes": 0, "known": 0}, False)["passed"]
+    assert policy_gate(
+        {"min_episodes": 5, "min_success_rate": 0.0}, 10, {"simulator_rate": None, "successes": 0, "known": 0}, False
+    )["passed"]
     assert not policy_gate({"min_episodes": 5}, 10, success, True)["passed"]
     assert Gate().policy == POLICY_GATE_DEFAULTS == {"min_episodes": 1000, "min_success_rate": 0.85}
 
@@ -158,8 +211,12 @@ def test_gate_file_policy_keys(tmp_path):
     good = tmp_path / "g.yaml"
     good.write_text("policy: {min_episodes: 5}\n")
     assert Gate.load(good).policy == {"min_episodes": 5, "min_success_rate": 0.85}
-    for text, match in (("policy: {min_episodes: 0}\n", "min_episodes"), ("policy: {min_success_rate: 1.5}\n", "min_success_rate"),
-                        ("policy: {episodes: 5}\n", "unknown policy keys"), ("policy: 5\n", "mapping")):
+    for text, match in (
+        ("policy: {min_episodes: 0}\n", "min_episodes"),
+        ("policy: {min_success_rate: 1.5}\n", "min_success_rate"),
+        ("policy: {episodes: 5}\n", "unknown policy keys"),
+        ("policy: 5\n", "mapping"),
+    ):
         bad = tmp_path / "b.yaml"
         bad.write_text(text)
         with pytest.raises(UserError, match=match):
@@ -171,8 +228,23 @@ def test_default_gate_fails_few_episodes_and_low_success_cli(swing_reality, tmp_
     # both requirements fail, the report says so, and the exit code is 1.
     run, _ = swing_reality
     out = tmp_path / "weak"
-    code = main(["check", str(run), "--env", "policy_helpers:UprightPendulum", "--policy", "policy_helpers:idle",
-                 "--episodes", "3", "--max-steps", "200", "--out", str(out), "--no-tensorboard"])
+    code = main(
+        [
+            "check",
+            str(run),
+            "--env",
+            "policy_helpers:UprightPendulum",
+            "--policy",
+            "policy_helpers:idle",
+            "--episodes",
+            "3",
+            "--max-steps",
+            "200",
+            "--out",
+            str(out),
+            "--no-tensorboard",
+        ]
+    )
     report = json.loads((out / "report.json").read_text())
     g = report["policy"]["gate"]
     assert code == 1 and report["exit_code"] == 1 and report["verdict"] == "fail"
@@ -187,6 +259,22 @@ def test_policy_cli_bad_input_exit_2(swing_reality, tmp_path):
     base = ["check", str(run), "--out", str(tmp_path / "x"), "--no-tensorboard"]
     assert main(base + ["--policy", "policy_helpers:swing_up"]) == 2  # a policy needs --env
     assert main(base + ["--env", "Pendulum-v1", "--policy", "hold:5", "--success", "policy_helpers:upright"]) == 2
-    assert main(base + ["--env", "Pendulum-v1", "--policy", "policy_helpers:swing_up", "--success", "policy_helpers:nope",
-                        "--episodes", "1", "--max-steps", "80"]) == 2
+    assert (
+        main(
+            base
+            + [
+                "--env",
+                "Pendulum-v1",
+                "--policy",
+                "policy_helpers:swing_up",
+                "--success",
+                "policy_helpers:nope",
+                "--episodes",
+                "1",
+                "--max-steps",
+                "80",
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "x" / "report.json").exists()

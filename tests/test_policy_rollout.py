@@ -3,6 +3,7 @@
 A real (untrained, `debug`) world model and real Pendulum-v1 episodes: the alignment of observed
 rows, commands, rewards and the end of each episode does not depend on training.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 from wmcheck.checks.policy_rollout import ClosedLoopConfig, closed_loop
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import Recorder
-from wmcheck.datasets.errors import UserError
 from wmcheck.worldmodel.config import preset
 from wmcheck.worldmodel.model import WorldModel
 
@@ -69,7 +70,7 @@ def test_rows_commands_rewards_align(setting):
         N = e.num_steps
         for s in range(S):
             np.testing.assert_array_equal(cl.obs[i, s, :C], e.observations[:C])  # observed context rows
-            np.testing.assert_array_equal(cl.actions[i, s, : C], e.actions[:C])  # the logged commands up to a_{C-1}
+            np.testing.assert_array_equal(cl.actions[i, s, :C], e.actions[:C])  # the logged commands up to a_{C-1}
             np.testing.assert_array_equal(cl.rewards[i, s, : C - 1], e.rewards[: C - 1])  # shared rewards
             assert np.isfinite(cl.obs[i, s, : N + 1]).all() and np.isnan(cl.obs[i, s, N + 1 :]).all()
             assert np.isfinite(cl.actions[i, s, :N]).all() and np.isnan(cl.actions[i, s, N:]).all()
@@ -94,13 +95,21 @@ def test_predicted_termination_ends_the_imagined_episode(setting):
         with torch.no_grad():
             model.cont.out.bias.fill_(-8.0)  # the continue head now predicts termination everywhere
         try:
-            cl = closed_loop(model, norm, eps[:1], lambda o: np.zeros(1, np.float32), rec.codec, rec.env, C,
-                             ClosedLoopConfig(samples=2))
+            cl = closed_loop(
+                model,
+                norm,
+                eps[:1],
+                lambda o: np.zeros(1, np.float32),
+                rec.codec,
+                rec.env,
+                C,
+                ClosedLoopConfig(samples=2),
+            )
         finally:
             with torch.no_grad():
                 model.cont.out.bias.fill_(8.0)
     # the step into row C still counts (its reward arrives with the terminal state), nothing after it
-    assert cl.alive[0, :, : C].all() and not cl.alive[0, :, C:].any()
+    assert cl.alive[0, :, :C].all() and not cl.alive[0, :, C:].any()
     assert (cl.rewards[0, :, C:] == 0).all()
     np.testing.assert_allclose(cl.returns()[0], cl.rewards[0, :, :C].sum(-1))
 
@@ -113,7 +122,7 @@ def test_stateful_policy_gets_one_reset_copy_per_rollout(setting):
     # every rollout's own copy counts 1, 2, 3, ... from row C on; the original is untouched
     for i in range(2):
         for s in range(2):
-            np.testing.assert_allclose(cl.actions[i, s, C : 12, 0], 0.1 * np.arange(1, 12 - C + 1), atol=1e-6)
+            np.testing.assert_allclose(cl.actions[i, s, C:12, 0], 0.1 * np.arange(1, 12 - C + 1), atol=1e-6)
     assert policy.t == 0
 
 

@@ -1,4 +1,5 @@
 """Realities with known gaps: each wrapper does exactly what it documents, on real gymnasium envs."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from wmcheck.checks.reality import (REALITY_ENV, RealityProfile, make_reality_env, reality_env_args,
-                                    record_reality, single_gap_profiles)
+from wmcheck.checks.reality import (
+    REALITY_ENV,
+    RealityProfile,
+    make_reality_env,
+    reality_env_args,
+    record_reality,
+    single_gap_profiles,
+)
 from wmcheck.checks.reality_wrappers import ActuatorGap, PhysicsGap, SensorGap
-from wmcheck.datasets.record import record_episodes
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.record import record_episodes
 
 T = 60
 
@@ -32,10 +39,11 @@ def torques(n=T, seed=0):
 
 
 def delayed(actions, k, fill=0.0):
-    return np.concatenate([np.full((k, actions.shape[1]), fill, actions.dtype), actions[:len(actions) - k]])
+    return np.concatenate([np.full((k, actions.shape[1]), fill, actions.dtype), actions[: len(actions) - k]])
 
 
 # ---- latency ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_latency_applies_the_action_from_k_steps_earlier(k):
@@ -64,6 +72,7 @@ def test_latency_on_discrete_actions_uses_the_first_class():
 
 
 # ---- actuator -----------------------------------------------------------------------------------------
+
 
 def test_gain_half_equals_the_plain_env_under_halved_actions():
     a = torques()
@@ -107,6 +116,7 @@ def test_latency_then_actuator_order_neutral_fill_feels_the_offset():
 
 
 # ---- sensors ------------------------------------------------------------------------------------------
+
 
 def sensor_differences(profile, seeds=(0, 1, 2, 3, 4), steps=200):
     """(noisy - clean) over several episodes, clean obs from the plain env under the same actions."""
@@ -157,6 +167,7 @@ def test_sensor_gap_widens_the_observation_space_to_stay_valid():
 
 
 # ---- physics ------------------------------------------------------------------------------------------
+
 
 def test_pendulum_mass_and_length_change_the_trajectory_and_persist():
     a = torques()
@@ -210,10 +221,18 @@ def test_cartpole_derived_masses_follow_the_change():
 
 # ---- profile ------------------------------------------------------------------------------------------
 
+
 def test_profile_json_round_trip_and_validation():
-    p = RealityProfile(latency_steps=2, actuator_gain=np.array([0.8]), actuator_deadband=0.05,
-                       sensor_noise_std=[0.01, 0.01, 0.1], sensor_drift=1e-3, physics={"m": {"scale": 1.2}},
-                       seed=5, name="combo")
+    p = RealityProfile(
+        latency_steps=2,
+        actuator_gain=np.array([0.8]),
+        actuator_deadband=0.05,
+        sensor_noise_std=[0.01, 0.01, 0.1],
+        sensor_drift=1e-3,
+        physics={"m": {"scale": 1.2}},
+        seed=5,
+        name="combo",
+    )
     d = json.loads(json.dumps(p.to_dict()))
     assert d["version"] == 1 and RealityProfile.from_dict(d) == p
     assert p.actuator_gain == [0.8]  # numpy stored as lists
@@ -225,15 +244,28 @@ def test_profile_json_round_trip_and_validation():
         RealityProfile.from_dict({"latency": 2})
     with pytest.raises(UserError, match="version"):
         RealityProfile.from_dict({"version": 99})
-    for bad in ({"latency_steps": -1}, {"latency_steps": 1.5}, {"sensor_drift_mode": "sine"},
-                {"sensor_noise_std": [0.1, -0.1]}, {"actuator_saturation": 0}):
+    for bad in (
+        {"latency_steps": -1},
+        {"latency_steps": 1.5},
+        {"sensor_drift_mode": "sine"},
+        {"sensor_noise_std": [0.1, -0.1]},
+        {"actuator_saturation": 0},
+    ):
         with pytest.raises(UserError):
             RealityProfile(**bad)
 
 
 def test_single_gap_profiles_have_exactly_one_gap():
-    for kind in ("latency", "actuator_gain", "actuator_offset", "actuator_deadband", "sensor_noise",
-                 "sensor_bias", "sensor_drift", "dynamics"):
+    for kind in (
+        "latency",
+        "actuator_gain",
+        "actuator_offset",
+        "actuator_deadband",
+        "sensor_noise",
+        "sensor_bias",
+        "sensor_drift",
+        "dynamics",
+    ):
         zero, one, two = single_gap_profiles(kind, [0, 1, 2], parameter="m")
         assert not zero.has_gaps() and one.has_gaps() and len(two._parts()) == 1, kind
         make_reality_env("Pendulum-v1", two).reset(seed=0)
@@ -247,9 +279,18 @@ def test_single_gap_profiles_have_exactly_one_gap():
 
 # ---- composition and recording ------------------------------------------------------------------------
 
-COMBO = RealityProfile(latency_steps=2, actuator_gain=0.8, actuator_offset=0.1, actuator_deadband=0.05,
-                       actuator_saturation=1.8, sensor_bias=[0.0, 0.0, 0.2], sensor_noise_std=0.02,
-                       sensor_drift=1e-3, physics={"m": {"scale": 1.2}}, seed=4)
+COMBO = RealityProfile(
+    latency_steps=2,
+    actuator_gain=0.8,
+    actuator_offset=0.1,
+    actuator_deadband=0.05,
+    actuator_saturation=1.8,
+    sensor_bias=[0.0, 0.0, 0.2],
+    sensor_noise_std=0.02,
+    sensor_drift=1e-3,
+    physics={"m": {"scale": 1.2}},
+    seed=4,
+)
 
 
 def test_composed_reality_records_reproducibly_and_differs_from_the_simulator():

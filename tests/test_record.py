@@ -1,4 +1,5 @@
 """Recording gymnasium rollouts: shapes, alignment, seeds, policies, metadata, errors."""
+
 from __future__ import annotations
 
 import textwrap
@@ -6,11 +7,11 @@ import textwrap
 import numpy as np
 import pytest
 
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.record import Recorder, record_episodes, record_to_log
 from wmcheck.datasets.validate import validate_log
 from wmcheck.scripts.cli import main
-from wmcheck.datasets.errors import UserError
 
 HELPERS = textwrap.dedent('''
     import gymnasium as gym
@@ -102,8 +103,24 @@ def test_discrete_actions_are_one_hot():
 
 def test_module_callable_policy_via_cli(tmp_path, helpers, capsys):
     out = tmp_path / "p.h5"
-    rc = main(["record", "Pendulum-v1", "--out", str(out), "--episodes", "1", "--max-steps", "6",
-               "--policy", f"{helpers}:half", "--source", "policy", "--env-kwargs", '{"g": 3.0}'])
+    rc = main(
+        [
+            "record",
+            "Pendulum-v1",
+            "--out",
+            str(out),
+            "--episodes",
+            "1",
+            "--max-steps",
+            "6",
+            "--policy",
+            f"{helpers}:half",
+            "--source",
+            "policy",
+            "--env-kwargs",
+            '{"g": 3.0}',
+        ]
+    )
     assert rc == 0 and "1 episode(s) of Pendulum-v1" in capsys.readouterr().out
     with open_log(out) as log:
         assert log.meta.source == "policy"
@@ -162,7 +179,9 @@ def _swing_helpers(monkeypatch):
 def test_success_from_callable_from_info_or_unknown(tmp_path, monkeypatch):
     ph = _swing_helpers(monkeypatch)
     # a success rule given as module:callable, called on each recorded episode
-    with Recorder("Pendulum-v1", "policy_helpers:swing_up", seed=3, max_steps=200, success="policy_helpers:upright") as rec:
+    with Recorder(
+        "Pendulum-v1", "policy_helpers:swing_up", seed=3, max_steps=200, success="policy_helpers:upright"
+    ) as rec:
         eps = list(rec.episodes(3))
     assert [rec.outcomes[e.id].success for e in eps] == [ph.upright(e, {}) for e in eps]
     assert {o.source for o in rec.outcomes.values()} == {"callable"}
@@ -173,8 +192,15 @@ def test_success_from_callable_from_info_or_unknown(tmp_path, monkeypatch):
     assert [o.success for o in rec.outcomes.values()] == [False, False]
     # no rule: the env's info["is_success"] at the last step
     outcomes = {}
-    record_to_log(tmp_path / "p.h5", "policy_helpers:UprightPendulum", "policy_helpers:swing_up", episodes=3,
-                  max_steps=200, seed=3, outcomes=outcomes)
+    record_to_log(
+        tmp_path / "p.h5",
+        "policy_helpers:UprightPendulum",
+        "policy_helpers:swing_up",
+        episodes=3,
+        max_steps=200,
+        seed=3,
+        outcomes=outcomes,
+    )
     assert [outcomes[i].success for i in range(3)] == [ph.upright(e, {}) for e in eps]
     assert {o.source for o in outcomes.values()} == {"info:is_success"}
     assert validate_log(tmp_path / "p.h5").ok  # the log format is untouched

@@ -1,4 +1,5 @@
 """Recording rendered camera frames (`wmcheck record --render WxH`) and the visual-gap wrapper."""
+
 from __future__ import annotations
 
 import os
@@ -8,16 +9,33 @@ import pytest
 
 from wmcheck.checks.reality import make_reality_env, record_reality, single_gap_profiles
 from wmcheck.checks.reality_wrappers import VisualGap
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.record import parse_render_size, record_episodes, resize_frame
 from wmcheck.scripts.cli import main
-from wmcheck.datasets.errors import UserError
 
 
 def test_cli_records_mujoco_frames(tmp_path, capsys):
     out = tmp_path / "pusher.h5"
-    assert main(["record", "Pusher-v5", "--out", str(out), "--episodes", "2", "--max-steps", "12",
-                 "--policy", "hold:3", "--render", "16x12"]) == 0
+    assert (
+        main(
+            [
+                "record",
+                "Pusher-v5",
+                "--out",
+                str(out),
+                "--episodes",
+                "2",
+                "--max-steps",
+                "12",
+                "--policy",
+                "hold:3",
+                "--render",
+                "16x12",
+            ]
+        )
+        == 0
+    )
     assert "frames 16x12" in capsys.readouterr().out
     assert os.environ.get("MUJOCO_GL")  # set by the recorder when unset
     with open_log(out) as log:
@@ -25,7 +43,7 @@ def test_cli_records_mujoco_frames(tmp_path, capsys):
         assert log.group_specs(1) == {"image": ((12, 16, 3), np.dtype(np.uint8))}
     frames = ep.obs_groups["image"]  # (N+1, H, W, C)
     assert frames.shape == (13, 12, 16, 3) and frames.dtype == np.uint8
-    assert ep.observations.shape == (13, 10)
+    assert ep.observations.shape == (13, 23)  # Pusher-v5: 23-d state
     assert frames.std() > 5  # a scene, not a blank frame
     assert np.abs(np.diff(frames.astype(int), axis=0)).sum() > 0  # the arm moves between frames
 
@@ -59,7 +77,8 @@ def test_env_without_rgb_frames_is_refused(tmp_path, monkeypatch):
         "    def reset(self, seed=None, options=None):\n"
         "        return np.zeros(1, np.float32), {}\n"
         "    def step(self, a):\n"
-        "        return np.zeros(1, np.float32), 0.0, False, False, {}\n")
+        "        return np.zeros(1, np.float32), 0.0, False, False, {}\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(UserError, match="rgb_array"):
         record_episodes("blind_env:Blind", episodes=1, max_steps=3, render=(16, 16))
@@ -73,10 +92,16 @@ def test_visual_gap_changes_frames_only():
     clean = _frames({})
     for profile, check in [
         ({"visual_brightness": 1.3}, lambda x, y: y.mean() > 1.15 * x.mean()),
-        ({"visual_colour": [1.0, 1.0, 0.5]}, lambda x, y: y[..., 2].mean() < 0.6 * x[..., 2].mean()
-         and np.array_equal(x[..., 0], y[..., 0])),
-        ({"visual_blur": 1.5}, lambda x, y: np.abs(np.diff(y.astype(float), axis=2)).mean()
-         < 0.8 * np.abs(np.diff(x.astype(float), axis=2)).mean()),
+        (
+            {"visual_colour": [1.0, 1.0, 0.5]},
+            lambda x, y: y[..., 2].mean() < 0.6 * x[..., 2].mean() and np.array_equal(x[..., 0], y[..., 0]),
+        ),
+        (
+            {"visual_blur": 1.5},
+            lambda x, y: (
+                np.abs(np.diff(y.astype(float), axis=2)).mean() < 0.8 * np.abs(np.diff(x.astype(float), axis=2)).mean()
+            ),
+        ),
         ({"visual_noise_std": 10.0}, lambda x, y: 6 < (y.astype(float) - x).std() < 12),
     ]:
         gap = _frames(profile)

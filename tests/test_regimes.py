@@ -1,5 +1,6 @@
 """Regime analysis: it must flag the operating range where the checked data diverge, with the right
 sign and size, and flag nothing when checked and real data come from the same process."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,9 @@ def run(checked, real, competent=None, alpha=0.05, seed=0):
     cz, ce, cu = checked
     rz, re, ru = real
     comp = np.ones(len(cz), bool) if competent is None else competent
-    return find_regimes(cz, ce, cu, comp, rz, re, ru, ["wind"], ["power"], {"wind": "m/s", "power": "kW"}, alpha, seed=seed)
+    return find_regimes(
+        cz, ce, cu, comp, rz, re, ru, ["wind"], ["power"], {"wind": "m/s", "power": "kW"}, alpha, seed=seed
+    )
 
 
 def test_no_regime_is_flagged_when_checked_and_real_share_the_process():

@@ -1,5 +1,6 @@
 """Training end to end on a real simulator log: the loss falls, open loop beats persistence,
 checkpoints load without pickle, and a killed run resumes where it stopped."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,19 @@ from wmcheck.training.run import build_run_config, train
 @pytest.fixture(scope="module")
 def trained(pendulum_log, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    cfg = TrainConfig(preset="debug", max_steps=400, batch_size=16, seq_len=32, lr=1e-3, warmup=50,
-                      val_every=200, ckpt_every=100, log_every=10, progress_bar=False, seed=0)
+    cfg = TrainConfig(
+        preset="debug",
+        max_steps=400,
+        batch_size=16,
+        seq_len=32,
+        lr=1e-3,
+        warmup=50,
+        val_every=200,
+        ckpt_every=100,
+        log_every=10,
+        progress_bar=False,
+        seed=0,
+    )
     result = train(pendulum_log, out, build_run_config(cfg))
     return result, cfg
 
@@ -39,8 +51,15 @@ def test_loss_falls(trained):
     assert len(total) >= 10
     assert np.mean(total[-3:]) < 0.5 * np.mean(total[:3])
     tags = set(ea.Tags()["scalars"])
-    for needed in ("train/kl/dyn", "train/entropy/post", "train/opt/grad_norm", "train/opt/update_rms",
-                   "val/loss/total", "openloop/nrmse_mean/h4", "openloop/coverage90_mean"):
+    for needed in (
+        "train/kl/dyn",
+        "train/entropy/post",
+        "train/opt/grad_norm",
+        "train/opt/update_rms",
+        "val/loss/total",
+        "openloop/nrmse_mean/h4",
+        "openloop/coverage90_mean",
+    ):
         assert needed in tags, needed
     assert any(t.startswith("openloop/") for t in ea.Tags()["images"])
 
@@ -86,9 +105,26 @@ def test_bad_model_file_is_a_user_error(tmp_path):
 
 def test_killed_run_resumes(pendulum_log, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "wmcheck.scripts.cli", "train", str(pendulum_log), "--out", str(out),
-           "--max-steps", "150", "--ckpt-every", "20", "--seq-len", "16", "--batch-size", "4",
-           "--val-every", "1000", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wmcheck.scripts.cli",
+        "train",
+        str(pendulum_log),
+        "--out",
+        str(out),
+        "--max-steps",
+        "150",
+        "--ckpt-every",
+        "20",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--val-every",
+        "1000",
+        "--no-progress",
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     last = out / "checkpoints" / "last.ckpt"

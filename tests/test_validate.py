@@ -1,4 +1,5 @@
 """`validate_log` and `wmcheck validate`: one corrupted fixture per finding, all problems at once."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ import numpy as np
 import pytest
 
 from wmcheck.datasets.episode import Episode, LogMeta
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import write_log
 from wmcheck.datasets.validate import validate_log
 from wmcheck.scripts.cli import main
-from wmcheck.datasets.errors import UserError
 
 N, D, A = 40, 3, 2
 DT = 0.1
@@ -24,13 +25,21 @@ def clean_log(path: Path, episodes: int = 3) -> Path:
     eps = []
     for i in range(episodes):
         rng = np.random.default_rng(i)
-        eps.append(Episode(observations=rng.normal(size=(N + 1, D)).astype(np.float32),
-                           actions=rng.normal(size=(N, A)).astype(np.float32),
-                           inputs=rng.normal(size=(N, 1)).astype(np.float32),
-                           rewards=rng.normal(size=N).astype(np.float32),
-                           timestamps=1000.0 + DT * np.arange(N + 1), id=i))
-    return write_log(path, eps, LogMeta(source="real", dt=DT, observation_names=["x", "y", "z"],
-                                        action_names=["u", "v"], input_names=["wind"]))
+        eps.append(
+            Episode(
+                observations=rng.normal(size=(N + 1, D)).astype(np.float32),
+                actions=rng.normal(size=(N, A)).astype(np.float32),
+                inputs=rng.normal(size=(N, 1)).astype(np.float32),
+                rewards=rng.normal(size=N).astype(np.float32),
+                timestamps=1000.0 + DT * np.arange(N + 1),
+                id=i,
+            )
+        )
+    return write_log(
+        path,
+        eps,
+        LogMeta(source="real", dt=DT, observation_names=["x", "y", "z"], action_names=["u", "v"], input_names=["wind"]),
+    )
 
 
 @pytest.fixture
@@ -110,7 +119,13 @@ def _early(f):
 CASES = [
     ("missing_dataset", "error", 1, "terminations", lambda f: f["episode_1"].__delitem__("terminations")),
     ("row_count", "error", 0, "rewards", lambda f: replace(f["episode_0"], "rewards", np.zeros(N + 1, np.float32))),
-    ("row_count", "error", 2, "observations", lambda f: replace(f["episode_2"], "observations", np.zeros((N, D), np.float32))),
+    (
+        "row_count",
+        "error",
+        2,
+        "observations",
+        lambda f: replace(f["episode_2"], "observations", np.zeros((N, D), np.float32)),
+    ),
     ("row_count", "error", 1, "timestamps", lambda f: replace(f["episode_1"], "timestamps", np.arange(N, dtype=float))),
     ("row_count", "error", 1, "inputs", lambda f: replace(f["episode_1"], "inputs", np.zeros((N - 1, 1), np.float32))),
     ("total_steps_mismatch", "error", 0, None, lambda f: f["episode_0"].attrs.__setitem__("total_steps", 7)),
@@ -127,12 +142,17 @@ CASES = [
     ("early_termination", "warning", 1, "terminations", _early),
     ("id_mismatch", "warning", 2, None, lambda f: f["episode_2"].attrs.__setitem__("id", 9)),
     ("bad_attribute", "error", None, None, lambda f: f.attrs.__setitem__("dt", -1.0)),
-    ("bad_layout", "error", 0, "observations", lambda f: replace(f["episode_0"], "observations", np.array([b"a"] * (N + 1)))),
+    (
+        "bad_layout",
+        "error",
+        0,
+        "observations",
+        lambda f: replace(f["episode_0"], "observations", np.array([b"a"] * (N + 1))),
+    ),
 ]
 
 
-@pytest.mark.parametrize("code,severity,episode,channel,mutate", CASES,
-                         ids=[f"{c[0]}-{c[3]}" for c in CASES])
+@pytest.mark.parametrize("code,severity,episode,channel,mutate", CASES, ids=[f"{c[0]}-{c[3]}" for c in CASES])
 def test_each_corruption_is_reported(log, code, severity, episode, channel, mutate):
     with h5py.File(log, "a") as f:
         mutate(f)
@@ -181,9 +201,14 @@ def test_many_problems_are_all_reported(log):
 
 
 def test_binary_and_one_hot_channels_are_not_saturated(tmp_path):
-    eps = [Episode(observations=np.random.default_rng(i).normal(size=(N + 1, 2)).astype(np.float32),
-                   actions=np.eye(3, dtype=np.float32)[np.random.default_rng(i).integers(0, 3, N)], id=i)
-           for i in range(2)]
+    eps = [
+        Episode(
+            observations=np.random.default_rng(i).normal(size=(N + 1, 2)).astype(np.float32),
+            actions=np.eye(3, dtype=np.float32)[np.random.default_rng(i).integers(0, 3, N)],
+            id=i,
+        )
+        for i in range(2)
+    ]
     report = validate_log(write_log(tmp_path / "l.h5", eps, LogMeta(source="sim")))
     assert "saturated_channel" not in report.codes()
 

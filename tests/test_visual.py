@@ -1,6 +1,7 @@
 """The visual gap check: real-vs-real calibration in the world model's image embedding, a
 brightness-shifted simulator told apart from a faithful one, photometric explanations, the CLIP
 path on a tiny random-weights CLIP built here, and the report's visual row end to end."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ def sims(tmp_path_factory, pusher_pixel_recorder):
     record_pusher_pixels = pusher_pixel_recorder
     d = tmp_path_factory.mktemp("sims")
     faithful = record_pusher_pixels(d / "faithful.h5", episodes=8, seed=500, source="sim")
-    bright = record_pusher_pixels(d / "bright.h5", episodes=8, seed=500, source="sim", profile={"visual_brightness": 1.3})
+    bright = record_pusher_pixels(
+        d / "bright.h5", episodes=8, seed=500, source="sim", profile={"visual_brightness": 1.3}
+    )
     return faithful, bright
 
 
@@ -52,7 +55,9 @@ def test_visual_calibration_is_stored(pusher_pixel_run):
     assert cal is not None and cal.keys == ["image"]
     assert cal.frames["image"].dtype == np.uint8 and cal.frames["image"].shape[1:] == (16, 16, 3)
     assert cal.reference["image"].shape[1:] == (16, 16, 3) and len(cal.reference["image"]) > len(cal.frames["image"])
-    assert len(np.unique(cal.episode)) >= 5 and len(cal.null) == len(np.unique(cal.episode))  # short episodes: one segment each
+    assert len(np.unique(cal.episode)) >= 5 and len(cal.null) == len(
+        np.unique(cal.episode)
+    )  # short episodes: one segment each
     # a 16x16 frame can repeat one of the reference exactly (distance 0), but not typically
     assert np.median(cal.frame_set) > 0 and (cal.frame_step >= cal.frame_set).all()
 
@@ -87,8 +92,15 @@ def tiny_clip(tmp_path):
     import torch
 
     torch.manual_seed(0)
-    cfg = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        image_size=32, patch_size=8, projection_dim=16)
+    cfg = transformers.CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+        projection_dim=16,
+    )
     path = tmp_path / "tiny-clip"
     transformers.CLIPVisionModelWithProjection(cfg).save_pretrained(path)
     return path

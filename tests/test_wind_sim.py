@@ -1,4 +1,5 @@
 """The La Haute Borne power-curve simulator and its yaw/pitch policy: physics, env API, replay."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,13 +7,19 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from wmcheck.datasets.embedded import embedded_data_path, embedded_mapping_path
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers import build_mapping, import_to_log
 from wmcheck.datasets.logformat import open_log, write_log
 from wmcheck.datasets.sims.wind_policy import YawPitchPolicy
-from wmcheck.datasets.sims.wind_turbine import (TurbineParams, WindTurbineSim, air_density, replay_episode,
-                                                replay_log, turbine_power)
+from wmcheck.datasets.sims.wind_turbine import (
+    TurbineParams,
+    WindTurbineSim,
+    air_density,
+    replay_episode,
+    replay_log,
+    turbine_power,
+)
 from wmcheck.datasets.validate import validate_log
-from wmcheck.datasets.errors import UserError
 
 P = TurbineParams()
 

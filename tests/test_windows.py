@@ -1,14 +1,15 @@
 """The training view: pinned DreamerV3 alignment, windows across episodes, forced starts."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from wmcheck.datasets.episode import Episode, LogMeta
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import write_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.windows import Batch, WindowSampler, episode_steps
-from wmcheck.datasets.errors import UserError
 
 
 def identity(d=1, a=1, e=1) -> Normalizer:
@@ -28,8 +29,10 @@ def pinned(n: int, base: int = 0, terminated: bool = False, images: bool = False
         terminations=np.arange(n) == n - 1 if terminated else np.zeros(n, bool),
         truncations=np.zeros(n, bool) if terminated else np.arange(n) == n - 1,
         obs_groups={"cam": np.full((n + 1, 2, 2, 3), base // 10000, np.uint8) + k[:, None, None, None].astype(np.uint8)}
-        if images else {},
-        id=id)
+        if images
+        else {},
+        id=id,
+    )
 
 
 def test_episode_steps_alignment_is_pinned():
@@ -70,8 +73,7 @@ def test_no_inputs_gives_zero_width():
 
 def stream_sampler(T: int, images: bool = False) -> WindowSampler:
     # Episode A (id 0): 3 steps, 4 rows (stream 0..3); episode B (id 1): 4 steps, 5 rows (stream 4..8).
-    eps = [pinned(3, base=0, terminated=True, images=images, id=0),
-           pinned(4, base=20000, images=images, id=1)]
+    eps = [pinned(3, base=0, terminated=True, images=images, id=0), pinned(4, base=20000, images=images, id=1)]
     return WindowSampler(eps, None, identity(), T)
 
 
@@ -121,9 +123,10 @@ def test_batch_shapes_b_ne_t_and_torch():
     assert batch.obs.shape == (5, 3, 1) and batch.prev_action.shape == (5, 3, 1)
     assert batch.prev_input.shape == (5, 3, 1) and batch.reward.shape == (5, 3)
     assert batch.images["cam"].shape == (5, 3, 2, 2, 3) and batch.images["cam"].dtype == np.uint8
-    np.testing.assert_array_equal(batch.images["cam"][:, :, 0, 0, 0] % 100,
-                                  (batch.obs[:, :, 0] % 20000 // 10).astype(np.uint8) + np.where(
-                                      batch.obs[:, :, 0] >= 20000, 2, 0))
+    np.testing.assert_array_equal(
+        batch.images["cam"][:, :, 0, 0, 0] % 100,
+        (batch.obs[:, :, 0] % 20000 // 10).astype(np.uint8) + np.where(batch.obs[:, :, 0] >= 20000, 2, 0),
+    )
     import torch
 
     t = batch.to_torch("cpu")

@@ -1,4 +1,5 @@
 """Unit tests pinning the reference mechanics of the world model (B != T != 1 throughout)."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,14 @@ import pytest
 import torch
 
 from wmcheck.worldmodel import WorldModel, preset
-from wmcheck.worldmodel.distributions import (TwoHot, categorical_kl, straight_through_sample, symexp, symlog,
-                                              unimix_logits)
+from wmcheck.worldmodel.distributions import (
+    TwoHot,
+    categorical_kl,
+    straight_through_sample,
+    symexp,
+    symlog,
+    unimix_logits,
+)
 from wmcheck.worldmodel.layers import BlockLinear, RMSNorm
 from wmcheck.worldmodel.rssm import State
 
@@ -19,10 +26,14 @@ B, T, D, A, E = 3, 5, 4, 2, 1
 def make_seq(b=B, t=T, seed=0):
     g = torch.Generator().manual_seed(seed)
     seq = SimpleNamespace(
-        obs=torch.randn(b, t, D, generator=g), prev_action=torch.randn(b, t, A, generator=g),
-        prev_input=torch.randn(b, t, E, generator=g), reward=torch.randn(b, t, generator=g),
-        is_first=torch.zeros(b, t, dtype=torch.bool), is_last=torch.zeros(b, t, dtype=torch.bool),
-        is_terminal=torch.zeros(b, t, dtype=torch.bool))
+        obs=torch.randn(b, t, D, generator=g),
+        prev_action=torch.randn(b, t, A, generator=g),
+        prev_input=torch.randn(b, t, E, generator=g),
+        reward=torch.randn(b, t, generator=g),
+        is_first=torch.zeros(b, t, dtype=torch.bool),
+        is_last=torch.zeros(b, t, dtype=torch.bool),
+        is_terminal=torch.zeros(b, t, dtype=torch.bool),
+    )
     seq.is_first[:, 0] = True
     return seq
 
@@ -40,7 +51,9 @@ def test_symlog_symexp_inverse():
 
 def test_twohot_roundtrip_and_bins():
     th = TwoHot(255)
-    assert torch.allclose(th.bins[[0, 127, 254]], torch.tensor([-symexp(torch.tensor(20.0)), 0.0, symexp(torch.tensor(20.0))]), atol=1e-6)
+    assert torch.allclose(
+        th.bins[[0, 127, 254]], torch.tensor([-symexp(torch.tensor(20.0)), 0.0, symexp(torch.tensor(20.0))]), atol=1e-6
+    )
     x = torch.tensor([[-1234.5, -1.0, 0.0], [0.3, 7.0, 1e5]])  # (2, 3)
     w = th.encode(x)  # (2, 3, 255)
     assert torch.allclose(w.sum(-1), torch.ones_like(x))
@@ -201,8 +214,10 @@ def test_fast_core_matches_reference_formulation():
     m = make_model()
     r, c = m.rssm, m.cfg
     g = torch.Generator().manual_seed(3)
-    state = State(torch.randn(B, c.deter, generator=g),
-                  torch.nn.functional.one_hot(torch.randint(0, c.classes, (B, c.stoch), generator=g), c.classes).float())
+    state = State(
+        torch.randn(B, c.deter, generator=g),
+        torch.nn.functional.one_hot(torch.randint(0, c.classes, (B, c.stoch), generator=g), c.classes).float(),
+    )
     ctrl = torch.randn(B, A + E, generator=g) * 5  # beyond the squash's linear range too
     expected = r.core_reference(state, ctrl)
     assert torch.allclose(r.core_fused(state, ctrl), expected, atol=1e-5)

@@ -6,6 +6,7 @@ the channel names / units / dt of the training log (JSON) and a SHA-256 of the t
 `load_model(path)` rebuilds the model from that file alone; a file of another format or version,
 or weights that do not fit the config, are errors naming the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,7 +56,9 @@ def export_payload(model: WorldModel, run_config: dict, normalizer: dict, channe
     }
 
 
-def save_model(path: str | Path, model: WorldModel, run_config: dict, normalizer: dict, channels: dict, data_hash: str) -> Path:
+def save_model(
+    path: str | Path, model: WorldModel, run_config: dict, normalizer: dict, channels: dict, data_hash: str
+) -> Path:
     path = Path(path)
     with atomic_path(path) as tmp:
         torch.save(export_payload(model, run_config, normalizer, channels, data_hash), tmp)
@@ -64,24 +67,37 @@ def save_model(path: str | Path, model: WorldModel, run_config: dict, normalizer
 
 def bundle_from_payload(payload: dict, source: str = "checkpoint") -> ModelBundle:
     if payload.get("format") != MODEL_FORMAT:
-        raise UserError(f"{source} is not a wmcheck model (format {payload.get('format')!r})",
-                        "pass RUNDIR/model.pt written by `wmcheck train`")
+        raise UserError(
+            f"{source} is not a wmcheck model (format {payload.get('format')!r})",
+            "pass RUNDIR/model.pt written by `wmcheck train`",
+        )
     if int(payload.get("format_version", 0)) > MODEL_VERSION:
-        raise UserError(f"{source} has model format version {payload['format_version']}, newer than this wmcheck ({MODEL_VERSION})",
-                        "upgrade wmcheck")
+        raise UserError(
+            f"{source} has model format version {payload['format_version']}, newer than this wmcheck ({MODEL_VERSION})",
+            "upgrade wmcheck",
+        )
     run_config = json.loads(payload["config_json"])
     try:
         cfg = WorldModelConfig.from_dict(run_config["model"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{source}: stored world-model config is invalid: {exc}", "retrain with this wmcheck version") from None
+        raise UserError(
+            f"{source}: stored world-model config is invalid: {exc}", "retrain with this wmcheck version"
+        ) from None
     model = WorldModel(cfg)
     missing, unexpected = model.load_state_dict(payload["state_dict"], strict=False)
     if missing or unexpected:
-        raise UserError(f"{source}: weights do not match the stored config (missing {missing[:3]}, unexpected {unexpected[:3]})",
-                        "the file is corrupted or from another wmcheck version; retrain")
+        raise UserError(
+            f"{source}: weights do not match the stored config (missing {missing[:3]}, unexpected {unexpected[:3]})",
+            "the file is corrupted or from another wmcheck version; retrain",
+        )
     model.eval()
-    return ModelBundle(model, run_config, json.loads(payload["normalizer_json"]),
-                       json.loads(payload["channels_json"]), payload["data_hash"])
+    return ModelBundle(
+        model,
+        run_config,
+        json.loads(payload["normalizer_json"]),
+        json.loads(payload["channels_json"]),
+        payload["data_hash"],
+    )
 
 
 def load_model(path: str | Path, map_location: str = "cpu") -> ModelBundle:
@@ -94,8 +110,10 @@ def load_model(path: str | Path, map_location: str = "cpu") -> ModelBundle:
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # truncated file, not a torch file, or contains pickled objects
-        raise UserError(f"cannot read model file {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
-                        "the file is truncated or not a wmcheck model; re-export it with `wmcheck train`") from None
+        raise UserError(
+            f"cannot read model file {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+            "the file is truncated or not a wmcheck model; re-export it with `wmcheck train`",
+        ) from None
     bundle = bundle_from_payload(payload, str(path))
     bundle.file_hash = file_sha256(path)
     return bundle

@@ -3,6 +3,7 @@
 The resolved `RunConfig` (world model + training) is written as RUNDIR/config.json and inside every
 checkpoint; a resumed run must match it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,9 +79,11 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
+    def from_dict(cls, d: dict) -> RunConfig:
         """Strict: unknown keys (another wmcheck version's config) are an error, not ignored."""
-        unknown = sorted(set(d) - {"model", "train"}) + sorted(set(d.get("train", {})) - {f.name for f in dataclasses.fields(TrainConfig)})
+        unknown = sorted(set(d) - {"model", "train"}) + sorted(
+            set(d.get("train", {})) - {f.name for f in dataclasses.fields(TrainConfig)}
+        )
         if unknown:
             raise ValueError(f"unknown run config keys {unknown}: the run was written by another wmcheck version")
         return cls(WorldModelConfig.from_dict(d["model"]), TrainConfig(**d["train"]))

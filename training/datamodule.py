@@ -5,6 +5,7 @@ the deterministic episode-level split, fitting the normaliser once on the traini
 an endless stream of random training windows (B, T) in DreamerV3's alignment, a fixed set of
 validation windows, and the held-out windows used for `openloop/*`.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,12 +15,12 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import split_episodes
 from wmcheck.datasets.validate import validate_log
 from wmcheck.datasets.windows import Batch, WindowSampler
-from wmcheck.datasets.errors import UserError
 from wmcheck.training.config import TrainConfig
 
 
@@ -31,8 +32,10 @@ def image_spec(specs: dict, path) -> dict:
         return {}
     sizes = {tuple(shape[:2]) for shape, _ in frames.values()}
     if len(sizes) > 1:
-        raise UserError(f"{path}: camera groups {sorted(frames)} have different sizes {sorted(sizes)}",
-                        "record all cameras at one size (wmcheck record --render WxH), or train with --no-images")
+        raise UserError(
+            f"{path}: camera groups {sorted(frames)} have different sizes {sorted(sizes)}",
+            "record all cameras at one size (wmcheck record --render WxH), or train with --no-images",
+        )
     keys = sorted(frames)
     channels = [int(frames[k][0][2]) for k in keys]
     H, W = sizes.pop()
@@ -84,9 +87,13 @@ class LogDataModule(L.LightningDataModule):
         report = validate_log(self.log_path)
         if not report.ok:
             errors = [f for f in report.findings if f.severity == "error"]
-            listing = "; ".join(f.message for f in errors[:10]) + (f"; ... {len(errors) - 10} more" if len(errors) > 10 else "")
-            raise UserError(f"{self.log_path} has {len(errors)} problem(s): {listing}",
-                            f"run `wmcheck validate {self.log_path}` for the full list and fix or re-import the log")
+            listing = "; ".join(f.message for f in errors[:10]) + (
+                f"; ... {len(errors) - 10} more" if len(errors) > 10 else ""
+            )
+            raise UserError(
+                f"{self.log_path} has {len(errors)} problem(s): {listing}",
+                f"run `wmcheck validate {self.log_path}` for the full list and fix or re-import the log",
+            )
         c = self.cfg
         with open_log(self.log_path) as log:
             meta = log.meta
@@ -96,10 +103,15 @@ class LogDataModule(L.LightningDataModule):
             val_steps = sum(log.num_steps(i) + 1 for i in self.val_ids)
             specs = log.group_specs(ids[0])
         self.image_spec = image_spec(specs, self.log_path) if c.images else {}
-        self.channels = {"observation_names": self.normalizer.names["obs"], "image_keys": list(self.image_spec.get("image_keys", [])),
-                         "action_names": self.normalizer.names["action"],
-                         "input_names": self.normalizer.names["input"],
-                         "units": dict(meta.units), "dt": meta.dt, "source": meta.source}
+        self.channels = {
+            "observation_names": self.normalizer.names["obs"],
+            "image_keys": list(self.image_spec.get("image_keys", [])),
+            "action_names": self.normalizer.names["action"],
+            "input_names": self.normalizer.names["input"],
+            "units": dict(meta.units),
+            "dt": meta.dt,
+            "source": meta.source,
+        }
         self._train_sampler = WindowSampler(self.log_path, self.train_ids, self.normalizer, c.seq_len)
         if self.val_ids and val_steps >= c.seq_len:
             self._val_sampler = WindowSampler(self.log_path, self.val_ids, self.normalizer, c.seq_len)

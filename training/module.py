@@ -7,6 +7,7 @@ true / predicted / error video per camera key, `openloop/video/<key>`), and what
 checkpoint carries besides Lightning's own state (the resolved config, normalisation statistics,
 channel names and the training-data hash, all as JSON strings).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ from wmcheck.worldmodel import WorldModel
 
 
 class WorldModelModule(L.LightningModule):
-    def __init__(self, run_config: RunConfig, normalizer: dict | None = None, channels: dict | None = None,
-                 data_hash: str = ""):
+    def __init__(
+        self, run_config: RunConfig, normalizer: dict | None = None, channels: dict | None = None, data_hash: str = ""
+    ):
         super().__init__()
         self.run_config = run_config
         self.model = WorldModel(run_config.model)

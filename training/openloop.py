@@ -8,6 +8,7 @@ Owns the protocol used by TensorBoard `openloop/*` and by scripts/bench_worldmod
   fit%(h, channel)  = 100 * (1 - ||y_h - yhat_h|| / ||y_h - mean(y_h)||)   (system-ID "fit")
   coverage(channel) = fraction of true values inside the model's central 90% predictive interval
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,8 +60,9 @@ def evaluate_openloop(model, seq, context: int, horizons, samples: int = 16) -> 
     lower, upper = np.quantile(draws, 0.05, axis=0), np.quantile(draws, 0.95, axis=0)
     nrmse, fit = horizon_metrics(mean, truth_h, horizons)
     coverage = ((truth_h >= lower) & (truth_h <= upper)).mean((0, 1))
-    return OpenLoopResult(tuple(horizons), nrmse, fit, coverage, mean, lower, upper,
-                          seq.obs.float().cpu().numpy(), context)
+    return OpenLoopResult(
+        tuple(horizons), nrmse, fit, coverage, mean, lower, upper, seq.obs.float().cpu().numpy(), context
+    )
 
 
 def channel_figure(result: OpenLoopResult, channel: int, name: str, window: int = 0, denorm=None):
@@ -81,8 +83,14 @@ def channel_figure(result: OpenLoopResult, channel: int, name: str, window: int 
     ax.axvspan(-0.5, c - 0.5, color="0.9", label="context (observed)")
     ax.plot(steps, truth, color="k", lw=1.2, label="truth")
     ax.plot(steps[c:], f(result.mean[window, :, channel]), color="tab:blue", lw=1.2, label="predicted mean")
-    ax.fill_between(steps[c:], f(result.lower[window, :, channel]), f(result.upper[window, :, channel]),
-                    color="tab:blue", alpha=0.25, label="90% band")
+    ax.fill_between(
+        steps[c:],
+        f(result.lower[window, :, channel]),
+        f(result.upper[window, :, channel]),
+        color="tab:blue",
+        alpha=0.25,
+        label="90% band",
+    )
     ax.set_title(name, fontsize=9)
     ax.set_xlabel("step")
     ax.legend(fontsize=6, loc="best")

@@ -7,6 +7,7 @@ row of errors (pred - true + 255) / 2 (mid-grey = no error), one column per sequ
 get a green border, imagined frames a red one. Videos are written as animated GIF image summaries
 (what TensorBoard shows in its Images tab), encoded with Pillow; no video library is needed.
 """
+
 from __future__ import annotations
 
 import io
@@ -30,20 +31,28 @@ def openloop_frames(model, seq, context: int) -> tuple[dict[str, np.ndarray], di
     try:
         obsd, last = model.observe(_Slice(seq, 0, context), sample=False)
         recon = model.decode_images(obsd.state)  # {key: (B, C, H, W, c)}
-        states = model.imagine(State(last.deter, last.stoch), seq.prev_action[:, context:].float(),
-                               seq.prev_input[:, context:].float(), sample=True)
+        states = model.imagine(
+            State(last.deter, last.stoch),
+            seq.prev_action[:, context:].float(),
+            seq.prev_input[:, context:].float(),
+            sample=True,
+        )
         imagined = model.decode_images(states)  # {key: (B, T - C, H, W, c)}
     finally:
         model.train(was_training)
     truth = {k: seq.images[k].cpu().numpy() for k in recon}
-    pred = {k: (torch.cat([recon[k], imagined[k]], 1).clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
-            for k in recon}
+    pred = {
+        k: (torch.cat([recon[k], imagined[k]], 1).clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+        for k in recon
+    }
     return truth, pred
 
 
 def video_grid(truth: np.ndarray, pred: np.ndarray, context: int, border: int = 1) -> np.ndarray:
     """truth, pred (B, T, H, W, c) uint8 -> (T, 3 * (H + 2b), B * (W + 2b), 3) uint8 frames."""
-    assert truth.shape == pred.shape and truth.ndim == 5, f"truth {truth.shape} / pred {pred.shape} must be (B, T, H, W, c)"
+    assert truth.shape == pred.shape and truth.ndim == 5, (
+        f"truth {truth.shape} / pred {pred.shape} must be (B, T, H, W, c)"
+    )
     B, T, H, W, c = truth.shape
     error = ((pred.astype(np.int16) - truth.astype(np.int16) + 255) // 2).astype(np.uint8)  # (B, T, H, W, c)
     rows = np.stack([truth, pred, error], 0)  # (3, B, T, H, W, c)
@@ -79,8 +88,9 @@ def log_video(writer, tag: str, frames: np.ndarray, step: int, fps: float = 8.0)
     writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=img)]), step)
 
 
-def log_openloop_videos(writer, model, seq, context: int, step: int, prefix: str = "openloop/video",
-                        sequences: int = 6) -> list[str]:
+def log_openloop_videos(
+    writer, model, seq, context: int, step: int, prefix: str = "openloop/video", sequences: int = 6
+) -> list[str]:
     """Log one video per image key for the first `sequences` windows of `seq`; returns the tags."""
     from wmcheck.training.datamodule import batch_to
 

@@ -10,6 +10,7 @@ the update RMS and the parameter RMS, which training logs under `train/opt/*`.
 Uses torch._foreach ops: the models have ~100 tensors and per-tensor Python loops would dominate
 small-model step time on a CPU.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,16 @@ from torch.optim import Optimizer
 
 
 class LaProp(Optimizer):
-    def __init__(self, params, lr: float = 4e-5, betas=(0.9, 0.999), eps: float = 1e-20,
-                 agc: float = 0.3, agc_pmin: float = 1e-3, warmup: int = 1000):
+    def __init__(
+        self,
+        params,
+        lr: float = 4e-5,
+        betas=(0.9, 0.999),
+        eps: float = 1e-20,
+        agc: float = 0.3,
+        agc_pmin: float = 1e-3,
+        warmup: int = 1000,
+    ):
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):

@@ -7,6 +7,7 @@ Owns the run directory layout:
   RUNDIR/model.pt                 the exported model (weights + JSON config/normaliser/channels + data hash)
 A run killed at any point resumes from last.ckpt when `train` is called again with the same RUNDIR.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,7 +70,9 @@ def build_run_config(train: TrainConfig, ensemble: int = 1, **model_overrides) -
     return RunConfig(model=model, train=train)
 
 
-def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: RunConfig, resume: bool = True) -> TrainResult:
+def train(
+    log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: RunConfig, resume: bool = True
+) -> TrainResult:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import TensorBoardLogger
@@ -79,11 +82,14 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
     dm = LogDataModule(log_path, t)
     dm.prepare()  # validates the log, splits episodes, fits the normaliser (errors are UserErrors)
     try:
-        model_cfg = dataclasses.replace(run_config.model, obs_dim=dm.dims[0], action_dim=dm.dims[1], input_dim=dm.dims[2],
-                                        **dm.image_spec)
+        model_cfg = dataclasses.replace(
+            run_config.model, obs_dim=dm.dims[0], action_dim=dm.dims[1], input_dim=dm.dims[2], **dm.image_spec
+        )
     except ValueError as exc:  # e.g. frames whose size does not fit the CNN stages
-        raise UserError(f"{log_path}: the camera frames do not fit the world model: {exc}",
-                        "re-record with --render 64x64 (or 32x32 / 16x16), or train with --no-images") from None
+        raise UserError(
+            f"{log_path}: the camera frames do not fit the world model: {exc}",
+            "re-record with --render 64x64 (or 32x32 / 16x16), or train with --no-images",
+        ) from None
     run_config = RunConfig(model=model_cfg, train=t)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -93,11 +99,15 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
     if cfg_path.exists() and last.exists() and resume:
         old = json.loads(cfg_path.read_text())
         if old.get("model") != run_config.to_dict()["model"]:
-            raise UserError(f"{out} holds a run with a different world-model config",
-                            "use a new --out folder, or the same --preset/--ensemble to resume it")
+            raise UserError(
+                f"{out} holds a run with a different world-model config",
+                "use a new --out folder, or the same --preset/--ensemble to resume it",
+            )
     write_text_atomic(cfg_path, run_config.to_json())
     data_hash = file_sha256(log_path)
-    write_text_atomic(out / "data.json", json.dumps({"log": str(Path(log_path).resolve()), "sha256": data_hash}, indent=2))
+    write_text_atomic(
+        out / "data.json", json.dumps({"log": str(Path(log_path).resolve()), "sha256": data_hash}, indent=2)
+    )
     # Seed before the model exists: its initial weights come from the same seed, so a run is
     # reproducible (seeding after construction left the init to whatever the process drew before).
     L.seed_everything(t.seed, workers=True, verbose=False)
@@ -105,8 +115,9 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
     module._openloop_seq = dm.openloop_sequence()
 
     logger = TensorBoardLogger(save_dir=str(out), name="", version="tb", default_hp_metric=False)
-    checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True,
-                                 every_n_train_steps=t.ckpt_every)
+    checkpoint = ModelCheckpoint(
+        dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True, every_n_train_steps=t.ckpt_every
+    )
     for noisy in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda", "lightning.fabric"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -115,17 +126,38 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
     warnings.filterwarnings("ignore", message=".*manual optimization and every_n_train_steps.*")
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
     trainer = L.Trainer(
-        max_steps=t.max_steps, max_epochs=-1, accelerator=t.accelerator, devices=_devices(t.devices),
-        strategy=t.strategy, precision=resolve_precision(t), logger=logger, callbacks=[checkpoint],
-        val_check_interval=t.val_every if dm.has_validation else None, check_val_every_n_epoch=None,
-        limit_val_batches=t.val_batches if dm.has_validation else 0, num_sanity_val_steps=0,
-        log_every_n_steps=t.log_every, enable_progress_bar=t.progress_bar, enable_model_summary=False,
+        max_steps=t.max_steps,
+        max_epochs=-1,
+        accelerator=t.accelerator,
+        devices=_devices(t.devices),
+        strategy=t.strategy,
+        precision=resolve_precision(t),
+        logger=logger,
+        callbacks=[checkpoint],
+        val_check_interval=t.val_every if dm.has_validation else None,
+        check_val_every_n_epoch=None,
+        limit_val_batches=t.val_batches if dm.has_validation else 0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every,
+        enable_progress_bar=t.progress_bar,
+        enable_model_summary=False,
         deterministic=False,
     )
     if trainer.is_global_zero:
-        logger.experiment.add_text("hparams", hparams_markdown(run_config, {
-            "log": str(log_path), "data_sha256": data_hash, "train_episodes": len(dm.train_ids),
-            "val_episodes": len(dm.val_ids), "precision": resolve_precision(t)}), 0)
+        logger.experiment.add_text(
+            "hparams",
+            hparams_markdown(
+                run_config,
+                {
+                    "log": str(log_path),
+                    "data_sha256": data_hash,
+                    "train_episodes": len(dm.train_ids),
+                    "val_episodes": len(dm.val_ids),
+                    "precision": resolve_precision(t),
+                },
+            ),
+            0,
+        )
     ckpt_path = str(last) if (resume and last.exists()) else None
     if ckpt_path:
         step = int(torch.load(last, map_location="cpu", weights_only=True).get("global_step", 0))
@@ -137,8 +169,10 @@ def train(log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: R
             raise UserError(f"cannot resume from {last}: {exc}", "use a new --out folder") from None
         raise
     if trainer.global_step < t.max_steps:
-        raise UserError(f"training stopped at step {trainer.global_step} of {t.max_steps}",
-                        "run the same command again to resume from the last checkpoint")
+        raise UserError(
+            f"training stopped at step {trainer.global_step} of {t.max_steps}",
+            "run the same command again to resume from the last checkpoint",
+        )
     # The final state is a checkpoint too, so a finished run "resumes" as a no-op.
     trainer.save_checkpoint(last, weights_only=False)
     model_path = out / "model.pt"

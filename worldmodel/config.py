@@ -4,6 +4,7 @@ Owns `WorldModelConfig` (one dataclass builds the whole model) and `PRESETS`. Si
 reference's table (deter / hidden / classes / cnn depth / units; 32 latents and 8 GRU blocks in
 every reference preset). `debug` is ours: small enough to train in seconds on a CPU.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -108,26 +109,34 @@ class WorldModelConfig:
         if len(self.image_shape) != 3 or min(self.image_shape) < 1:
             raise ValueError(f"image_shape must be (H, W, C), got {self.image_shape}")
         if len(self.image_key_channels) != len(self.image_keys) or sum(self.image_key_channels) != self.image_shape[2]:
-            raise ValueError(f"image_key_channels {self.image_key_channels} must give one channel count per image key "
-                             f"{self.image_keys}, summing to C = {self.image_shape[2]}")
+            raise ValueError(
+                f"image_key_channels {self.image_key_channels} must give one channel count per image key "
+                f"{self.image_keys}, summing to C = {self.image_shape[2]}"
+            )
         H, W = self.image_shape[:2]
         if not self.cnn_mults:
             stages = 0
             while stages < 4 and min(H, W) >> (stages + 1) >= 4:
                 stages += 1
-            self.cnn_mults = REFERENCE_CNN_MULTS[:max(stages, 1)]
+            self.cnn_mults = REFERENCE_CNN_MULTS[: max(stages, 1)]
         S = len(self.cnn_mults)
         if H % (1 << S) or W % (1 << S):
-            raise ValueError(f"image {H}x{W} must divide by 2^{S} for {S} pooling stages; resize the frames "
-                             "(wmcheck record --render 64x64) or give cnn_mults with fewer stages")
+            raise ValueError(
+                f"image {H}x{W} must divide by 2^{S} for {S} pooling stages; resize the frames "
+                "(wmcheck record --render 64x64) or give cnn_mults with fewer stages"
+            )
         if not (3 <= H >> S <= 16 and 3 <= W >> S <= 16):
-            raise ValueError(f"after {S} pooling stages the {H}x{W} image is {H >> S}x{W >> S}; the reference needs 3-16 "
-                             "pixels: give cnn_mults with more or fewer stages")
+            raise ValueError(
+                f"after {S} pooling stages the {H}x{W} image is {H >> S}x{W >> S}; the reference needs 3-16 "
+                "pixels: give cnn_mults with more or fewer stages"
+            )
         c0 = self.cnn_depth * self.cnn_mults[-1]
         if c0 % self.dec_blocks or self.deter % self.dec_blocks:
-            raise ValueError(f"the image decoder splits h ({self.deter}) and the last CNN depth "
-                             f"({self.cnn_depth} * {self.cnn_mults[-1]} = {c0}) into dec_blocks = {self.dec_blocks} "
-                             "groups: pick cnn_depth / cnn_mults so both divide")
+            raise ValueError(
+                f"the image decoder splits h ({self.deter}) and the last CNN depth "
+                f"({self.cnn_depth} * {self.cnn_mults[-1]} = {c0}) into dec_blocks = {self.dec_blocks} "
+                "groups: pick cnn_depth / cnn_mults so both divide"
+            )
 
     @property
     def control_dim(self) -> int:
@@ -141,11 +150,13 @@ class WorldModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "WorldModelConfig":
+    def from_dict(cls, d: dict) -> WorldModelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
-            raise ValueError(f"unknown world-model config keys {sorted(unknown)}: the checkpoint was written by another wmcheck version")
+            raise ValueError(
+                f"unknown world-model config keys {sorted(unknown)}: the checkpoint was written by another wmcheck version"
+            )
         return cls(**d)
 
 

@@ -5,6 +5,7 @@ one-hot samples (onehot + probs - sg(probs), using the *mixed* probs); KL betwee
 the two-hot reward distribution over symexp-spaced bins with targets interpolated in raw space.
 Everything here runs in fp32 regardless of autocast.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,7 +35,9 @@ def gumbel_noise(shape, device=None) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def straight_through_sample(log_probs: torch.Tensor, sample: bool = True, noise: torch.Tensor | None = None) -> torch.Tensor:
+def straight_through_sample(
+    log_probs: torch.Tensor, sample: bool = True, noise: torch.Tensor | None = None
+) -> torch.Tensor:
     """One-hot sample (or mode) with straight-through gradients through the mixed probs.
 
     log_probs: (..., S, C) log of unimixed probs; noise: optional Gumbel noise of the same shape

@@ -4,6 +4,7 @@ Owns: `VectorEncoder` (symlog -> MLP -> tokens), `VectorDecoder` (feat -> MLP ->
 plus our stop-gradient log-std head), `RewardHead` (two-hot over symexp bins, zero-init output)
 and `ContinueHead` (Bernoulli logit). All read/return (B, T, ...) tensors.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 
 from wmcheck.worldmodel.config import WorldModelConfig
 from wmcheck.worldmodel.distributions import symlog
-from wmcheck.worldmodel.layers import Linear, MLP
+from wmcheck.worldmodel.layers import MLP, Linear
 
 
 class VectorEncoder(nn.Module):

@@ -14,6 +14,7 @@ Decoder (reference bspace = 8):
     nearest 2x upsample -> conv k5 -> RMSNorm -> SiLU, then upsample -> conv to C -> sigmoid.
 Loss: sum over H, W, C of (pred - img / 255)^2, per (b, t).
 """
+
 from __future__ import annotations
 
 import torch
@@ -105,7 +106,9 @@ class ImageDecoder(nn.Module):
         lead = feat.shape[:-1]
         feat = feat.reshape(-1, feat.shape[-1])  # (N, F)
         h, z = feat[:, : self.deter_dim], feat[:, self.deter_dim :]
-        x0 = rearrange(self.sp0(h), "n (g y x c) -> n y x (g c)", g=self.groups, y=self.h0, x=self.w0)  # (N, h0, w0, C0)
+        x0 = rearrange(
+            self.sp0(h), "n (g y x c) -> n y x (g c)", g=self.groups, y=self.h0, x=self.w0
+        )  # (N, h0, w0, C0)
         x1 = self.sp2(F.silu(self.sp1norm(self.sp1(z))))
         x1 = rearrange(x1, "n (y x c) -> n y x c", y=self.h0, x=self.w0)  # (N, h0, w0, C0)
         x = F.silu(self.spnorm(x0 + x1)).permute(0, 3, 1, 2)  # (N, C0, h0, w0)

@@ -4,6 +4,7 @@ Owns: the reference weight init (truncated normal scaled by fan-in), `Linear`, `
 (grouped linear whose init fan-in is the *full* input width, as in the reference), `RMSNorm`
 (scale only, eps 1e-4, computed in fp32), and `MLP` (stacks of Linear -> RMSNorm -> SiLU).
 """
+
 from __future__ import annotations
 
 import math

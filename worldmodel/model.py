@@ -16,6 +16,7 @@ A sequence `seq` is any object with tensor attributes (the training view, alread
 Vector observations are modelled in symlog space of the normalised values, as in the reference;
 camera frames by the CNN encoder/decoder of `image.py` (tokens of both are concatenated).
 """
+
 from __future__ import annotations
 
 import math
@@ -91,8 +92,9 @@ class WorldModel(nn.Module):
             raise ValueError("this world model has no image decoder (trained without image_keys)")
         return self.image_decoder.split(self.image_decoder(state.feat()))
 
-    def imagine(self, state: State, prev_action: torch.Tensor, prev_input: torch.Tensor,
-                sample: bool = True, head=None) -> State:
+    def imagine(
+        self, state: State, prev_action: torch.Tensor, prev_input: torch.Tensor, sample: bool = True, head=None
+    ) -> State:
         """Controls (B, H, A) / (B, H, E) are u_{t0..t0+H-1}; returns states t0+1..t0+H (B, H, ...)."""
         ctrl = torch.cat([prev_action, prev_input], -1).float()  # (B, H, U)
         states, _ = self.rssm.imagine(state, ctrl, sample=sample, head=head)
@@ -135,13 +137,23 @@ class WorldModel(nn.Module):
         rep_l = (rep * wbt).sum((0, 1)) / wbt.sum((0, 1)).clamp(min=1.0)
 
         terms = {
-            "rec": rec.mean(), "obs_std": std_nll.mean(), "rew": rew.mean(), "con": con.mean(),
-            "dyn": dyn_l.mean(), "rep": rep_l.mean(),
+            "rec": rec.mean(),
+            "obs_std": std_nll.mean(),
+            "rew": rew.mean(),
+            "con": con.mean(),
+            "dyn": dyn_l.mean(),
+            "rep": rep_l.mean(),
         }
         if self.image_decoder is not None:
             terms["image"] = img.mean()
-        total = (c.rec_scale * (terms["rec"] + terms.get("image", 0.0)) + terms["obs_std"] + c.rew_scale * terms["rew"]
-                 + c.con_scale * terms["con"] + c.dyn_scale * terms["dyn"] + c.rep_scale * terms["rep"])
+        total = (
+            c.rec_scale * (terms["rec"] + terms.get("image", 0.0))
+            + terms["obs_std"]
+            + c.rew_scale * terms["rew"]
+            + c.con_scale * terms["con"]
+            + c.dyn_scale * terms["dyn"]
+            + c.rep_scale * terms["rep"]
+        )
         metrics = {f"loss/{k}": v.detach() for k, v in terms.items()}
         metrics["loss/total"] = total.detach()
         metrics["kl/dyn"] = dyn_raw.mean().detach()
@@ -203,8 +215,13 @@ class WorldModel(nn.Module):
             jsd = torch.zeros(B, T, device=deter.device)
         kl = categorical_kl(obsd.post_logp[:, :, None], prior).mean(-1)  # (B, T)
         return {
-            "nll": nll, "error": seq.obs.float() - pred_mean, "pred_std": pred_std, "kl": kl,
-            "disagreement": disagreement, "prior_jsd": jsd, "feat": obsd.state.feat().float(),
+            "nll": nll,
+            "error": seq.obs.float() - pred_mean,
+            "pred_std": pred_std,
+            "kl": kl,
+            "disagreement": disagreement,
+            "prior_jsd": jsd,
+            "feat": obsd.state.feat().float(),
         }
 
     # ------------------------------------------------------------------ open loop
@@ -221,9 +238,13 @@ class WorldModel(nn.Module):
             raise ValueError(f"openloop: context {context} must be in [1, T={T})")
         ctx = _Slice(seq, 0, context)
         _, last = self.observe(ctx, sample=sample)
-        rep = lambda x: x.repeat(samples, *([1] * (x.dim() - 1)))  # (N*B, ...)
+        def rep(x):  # (B, ...) -> (N*B, ...)
+            return x.repeat(samples, *([1] * (x.dim() - 1)))
+
         state = State(rep(last.deter), rep(last.stoch))
-        states = self.imagine(state, rep(seq.prev_action[:, context:].float()), rep(seq.prev_input[:, context:].float()), sample=sample)
+        states = self.imagine(
+            state, rep(seq.prev_action[:, context:].float()), rep(seq.prev_input[:, context:].float()), sample=sample
+        )
         mean, log_std = self.decode(states)  # (N*B, H, D)
         draws = symexp(mean + torch.exp(log_std) * torch.randn_like(mean))
         H, D = mean.shape[1], mean.shape[2]
@@ -242,14 +263,20 @@ class WorldModel(nn.Module):
         c = self.cfg
         B, T = seq.obs.shape[:2]
         assert seq.obs.shape == (B, T, c.obs_dim), f"obs {tuple(seq.obs.shape)} != (B, T, {c.obs_dim})"
-        assert seq.prev_action.shape == (B, T, c.action_dim), f"prev_action {tuple(seq.prev_action.shape)} != (B, T, {c.action_dim})"
-        assert seq.prev_input.shape == (B, T, c.input_dim), f"prev_input {tuple(seq.prev_input.shape)} != (B, T, {c.input_dim})"
+        assert seq.prev_action.shape == (B, T, c.action_dim), (
+            f"prev_action {tuple(seq.prev_action.shape)} != (B, T, {c.action_dim})"
+        )
+        assert seq.prev_input.shape == (B, T, c.input_dim), (
+            f"prev_input {tuple(seq.prev_input.shape)} != (B, T, {c.input_dim})"
+        )
         assert seq.is_first.shape == (B, T), f"is_first {tuple(seq.is_first.shape)} != (B, T)"
         if c.image_keys:
             images = getattr(seq, "images", None) or {}
             for key in c.image_keys:
                 assert key in images, f"the model reads image key {key!r}; the sequence has {sorted(images)}"
-                assert tuple(images[key].shape[:2]) == (B, T), f"images[{key}] {tuple(images[key].shape)} != (B, T, H, W, C)"
+                assert tuple(images[key].shape[:2]) == (B, T), (
+                    f"images[{key}] {tuple(images[key].shape)} != (B, T, H, W, C)"
+                )
 
 
 class _Slice:

@@ -8,6 +8,7 @@ State (an explicit carry): `deter` h (B, deter) and `stoch` z (B, S, C) one-hot.
 sequence holds obs_t and the previous control u_{t-1} = concat(a_{t-1}, e_{t-1}); the core maps
 (h_{t-1}, z_{t-1}, u_{t-1}) -> h_t, the posterior q(z_t | h_t, x_t), each prior head p_k(z_t | h_t).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from torch import nn
 
 from wmcheck.worldmodel.config import WorldModelConfig
 from wmcheck.worldmodel.distributions import gumbel_noise, straight_through_sample, unimix_logits
-from wmcheck.worldmodel.layers import BlockLinear, Linear, MLP, NormAct, RMSNorm
+from wmcheck.worldmodel.layers import MLP, BlockLinear, Linear, NormAct, RMSNorm
 
 
 @dataclass
@@ -33,10 +34,10 @@ class State:
         """Heads read concat(h, flatten(z)): (..., deter + S*C)."""
         return torch.cat([self.deter, self.stoch.flatten(-2)], -1)
 
-    def index(self, *idx) -> "State":
+    def index(self, *idx) -> State:
         return State(self.deter[idx], self.stoch[idx])
 
-    def detach(self) -> "State":
+    def detach(self) -> State:
         return State(self.deter.detach(), self.stoch.detach())
 
 
@@ -139,7 +140,9 @@ class RSSM(nn.Module):
         w = {
             "in_w": torch.block_diag(*(lin.weight for lin in lins)),  # (3*hidden, deter + S*C + U)
             "in_b": torch.cat([lin.bias for lin in lins]),  # (3*hidden,)
-            "in_scale": torch.stack([m[1].scale for m in (self.dynin_deter, self.dynin_stoch, self.dynin_ctrl)]),  # (3, hidden)
+            "in_scale": torch.stack(
+                [m[1].scale for m in (self.dynin_deter, self.dynin_stoch, self.dynin_ctrl)]
+            ),  # (3, hidden)
         }
         if c.dyn_layers:
             first = self.dynhid[0]

@@ -9,24 +9,42 @@ HDF5, log-layout npz) take `CopyOptions` instead. Every importer returns an `Imp
     summary = import_to_log("scada.csv.gz", "logs.h5", mapping=ImportMapping(...))
     print(summary.format_text())
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers.mapping import CopyOptions, ImportMapping, build_mapping
 from wmcheck.datasets.importers.summary import ImportResult, ImportSummary
-from wmcheck.datasets.errors import UserError
 
-__all__ = ["CopyOptions", "ImportMapping", "ImportResult", "ImportSummary", "build_mapping",
-           "source_kind", "load_source", "import_to_log"]
+__all__ = [
+    "CopyOptions",
+    "ImportMapping",
+    "ImportResult",
+    "ImportSummary",
+    "build_mapping",
+    "source_kind",
+    "load_source",
+    "import_to_log",
+]
 
-KINDS = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".gz": "csv", ".parquet": "parquet", ".pq": "parquet",
-         ".npz": "npz", ".hdf5": "hdf5", ".h5": "hdf5"}
+KINDS = {
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".txt": "csv",
+    ".gz": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".npz": "npz",
+    ".hdf5": "hdf5",
+    ".h5": "hdf5",
+}
 
 
 def source_kind(path: str | os.PathLike) -> str:
-    """"csv" | "parquet" | "npz" (columns) | "npz-log" | "hdf5", from the file name (and npz keys)."""
+    """ "csv" | "parquet" | "npz" (columns) | "npz-log" | "hdf5", from the file name (and npz keys)."""
     path = Path(path)
     if path.is_dir():
         return "hdf5"  # a Minari dataset folder
@@ -34,8 +52,10 @@ def source_kind(path: str | os.PathLike) -> str:
         raise UserError(f"input file {str(path)!r} does not exist", "check the path")
     kind = KINDS.get(path.suffix.lower())
     if kind is None:
-        raise UserError(f"cannot tell the format of {str(path)!r} from its extension",
-                        f"supported: {', '.join(sorted(KINDS))} (.csv.gz for gzip-compressed CSV)")
+        raise UserError(
+            f"cannot tell the format of {str(path)!r} from its extension",
+            f"supported: {', '.join(sorted(KINDS))} (.csv.gz for gzip-compressed CSV)",
+        )
     if kind == "npz":
         from wmcheck.datasets.importers.npz_source import is_log_layout, load_npz
 
@@ -48,14 +68,20 @@ def needs_mapping(kind: str) -> bool:
     return kind in ("csv", "parquet", "npz")
 
 
-def load_source(path: str | os.PathLike, mapping: ImportMapping | None = None,
-                options: CopyOptions | None = None, kind: str | None = None) -> ImportResult:
+def load_source(
+    path: str | os.PathLike,
+    mapping: ImportMapping | None = None,
+    options: CopyOptions | None = None,
+    kind: str | None = None,
+) -> ImportResult:
     """Read and clean `path` into episodes (a generator for HDF5 sources)."""
     kind = kind or source_kind(path)
     if needs_mapping(kind):
         if mapping is None:
-            raise UserError(f"{path} is a table: say which columns are what",
-                            "give --mapping FILE or --obs-cols/--action-cols/--input-cols/--time-col")
+            raise UserError(
+                f"{path} is a table: say which columns are what",
+                "give --mapping FILE or --obs-cols/--action-cols/--input-cols/--time-col",
+            )
         if kind == "csv":
             from wmcheck.datasets.importers.csv_source import import_csv
 
@@ -77,8 +103,12 @@ def load_source(path: str | os.PathLike, mapping: ImportMapping | None = None,
     return import_minari(path, options)
 
 
-def import_to_log(path: str | os.PathLike, out: str | os.PathLike, mapping: ImportMapping | None = None,
-                  options: CopyOptions | None = None) -> ImportSummary:
+def import_to_log(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    mapping: ImportMapping | None = None,
+    options: CopyOptions | None = None,
+) -> ImportSummary:
     """Import `path` and write the log `out` atomically (nothing is left at `out` on error)."""
     from wmcheck.datasets.logformat import write_log
 

@@ -5,6 +5,7 @@ shared pipeline (`tabular.py`) converts them. The delimiter is taken from the ma
 the header line (, ; tab |). Gzip input is recognised by its magic bytes, whatever the file name.
 Blank lines are skipped; a row with fewer fields than the header is an error naming its line.
 """
+
 from __future__ import annotations
 
 import csv
@@ -13,10 +14,10 @@ import io
 import operator
 from pathlib import Path
 
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers.mapping import ImportMapping
 from wmcheck.datasets.importers.summary import ImportResult
 from wmcheck.datasets.importers.tabular import Table, check_columns, table_to_result
-from wmcheck.datasets.errors import UserError
 
 DELIMITERS = ",;\t|"
 
@@ -52,14 +53,21 @@ def read_csv_table(path: str | Path, mapping: ImportMapping) -> Table:
             _raise_short_row(path, mapping, len(header))
             raise
         except csv.Error as exc:
-            raise UserError(f"{path}: CSV error near line {reader.line_num}: {exc}",
-                            "check quoting on that line") from None
+            raise UserError(
+                f"{path}: CSV error near line {reader.line_num}: {exc}", "check quoting on that line"
+            ) from None
         except (UnicodeDecodeError, EOFError, OSError) as exc:
-            raise UserError(f"{path}: cannot read the file: {exc}",
-                            "the file must be UTF-8 text, optionally gzip-compressed and not truncated") from None
+            raise UserError(
+                f"{path}: cannot read the file: {exc}",
+                "the file must be UTF-8 text, optionally gzip-compressed and not truncated",
+            ) from None
     columns = dict(zip(mapping.needed_cols, zip(*rows))) if rows else {c: () for c in mapping.needed_cols}
-    return Table(columns=columns, n_rows=len(rows), origin=str(path),
-                 row_label=lambda i: f"data row {i + 1} (line {_line_of(path, mapping, i)})")
+    return Table(
+        columns=columns,
+        n_rows=len(rows),
+        origin=str(path),
+        row_label=lambda i: f"data row {i + 1} (line {_line_of(path, mapping, i)})",
+    )
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -75,8 +83,9 @@ def _sniff(f: io.TextIOBase, path: Path) -> str:
     try:
         first = f.readline()
     except (UnicodeDecodeError, EOFError, OSError) as exc:
-        raise UserError(f"{path}: cannot read the file: {exc}",
-                        "the file must be UTF-8 text, optionally gzip-compressed") from None
+        raise UserError(
+            f"{path}: cannot read the file: {exc}", "the file must be UTF-8 text, optionally gzip-compressed"
+        ) from None
     f.seek(0)
     counts = {d: first.count(d) for d in DELIMITERS}
     best = max(counts, key=counts.get)
@@ -102,5 +111,7 @@ def _raise_short_row(path: Path, mapping: ImportMapping, width: int) -> None:
         next(reader)
         for r in reader:
             if r and len(r) < width:
-                raise UserError(f"{path}: line {reader.line_num} has {len(r)} fields, the header has {width}",
-                                "fix or delete that line (a truncated export?)")
+                raise UserError(
+                    f"{path}: line {reader.line_num} has {len(r)} fields, the header has {width}",
+                    "fix or delete that line (a truncated export?)",
+                )

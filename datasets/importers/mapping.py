@@ -7,6 +7,7 @@ dropped. It is loaded from a small YAML or JSON file (`--mapping FILE`); command
 override the file's values (`merge_overrides`). Every field is checked in `__post_init__`, and a bad
 value raises `UserError` saying how to fix it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -97,34 +98,50 @@ class ImportMapping:
         if self.time_col is not None and self.time_col == self.episode_col:
             raise UserError(f"time_col and episode_col are both {self.time_col!r}", "give two columns")
         if self.source not in SOURCES:
-            raise UserError(f"source must be one of {SOURCES}, got {self.source!r}",
-                            "use --source real for measured logs, sim for simulator rollouts")
+            raise UserError(
+                f"source must be one of {SOURCES}, got {self.source!r}",
+                "use --source real for measured logs, sim for simulator rollouts",
+            )
         if self.dt is not None:
             self.dt = _positive(self.dt, "dt", "give the step period in seconds, e.g. --dt 600")
         if self.time_col is None and self.dt is None:
-            raise UserError("without a time column the step period is unknown",
-                            "give --time-col NAME, or --dt SECONDS for equally spaced rows")
+            raise UserError(
+                "without a time column the step period is unknown",
+                "give --time-col NAME, or --dt SECONDS for equally spaced rows",
+            )
         if self.time_col is None and self.resample:
             raise UserError("resample needs a time column", "give --time-col NAME or drop resample")
-        if isinstance(self.max_interp_gap, bool) or not isinstance(self.max_interp_gap, int) \
-                or self.max_interp_gap < 0:
-            raise UserError(f"max_interp_gap must be a whole number of steps >= 0, got {self.max_interp_gap!r}",
-                            "e.g. --max-interp-gap 3 interpolates gaps of up to 3 missing steps")
+        if isinstance(self.max_interp_gap, bool) or not isinstance(self.max_interp_gap, int) or self.max_interp_gap < 0:
+            raise UserError(
+                f"max_interp_gap must be a whole number of steps >= 0, got {self.max_interp_gap!r}",
+                "e.g. --max-interp-gap 3 interpolates gaps of up to 3 missing steps",
+            )
         if self.split_gap is not None:
             self.split_gap = _positive(self.split_gap, "split_gap", "give seconds, e.g. --split-gap 3600")
-        if isinstance(self.min_episode_steps, bool) or not isinstance(self.min_episode_steps, int) \
-                or self.min_episode_steps < 1:
-            raise UserError(f"min_episode_steps must be a whole number >= 1, got {self.min_episode_steps!r}",
-                            "e.g. min_episode_steps: 36 keeps pieces of at least 36 steps")
+        if (
+            isinstance(self.min_episode_steps, bool)
+            or not isinstance(self.min_episode_steps, int)
+            or self.min_episode_steps < 1
+        ):
+            raise UserError(
+                f"min_episode_steps must be a whole number >= 1, got {self.min_episode_steps!r}",
+                "e.g. min_episode_steps: 36 keeps pieces of at least 36 steps",
+            )
         if self.max_episode_steps is not None and (
-                isinstance(self.max_episode_steps, bool) or not isinstance(self.max_episode_steps, int)
-                or self.max_episode_steps < self.min_episode_steps):
-            raise UserError(f"max_episode_steps must be a whole number >= min_episode_steps "
-                            f"({self.min_episode_steps}), got {self.max_episode_steps!r}",
-                            "e.g. max_episode_steps: 1008 cuts 10-minute data into weeks")
+            isinstance(self.max_episode_steps, bool)
+            or not isinstance(self.max_episode_steps, int)
+            or self.max_episode_steps < self.min_episode_steps
+        ):
+            raise UserError(
+                f"max_episode_steps must be a whole number >= min_episode_steps "
+                f"({self.min_episode_steps}), got {self.max_episode_steps!r}",
+                "e.g. max_episode_steps: 1008 cuts 10-minute data into weeks",
+            )
         if self.step_values not in STEP_VALUES:
-            raise UserError(f"step_values must be one of {STEP_VALUES}, got {self.step_values!r}",
-                            '"start" for sampled commands, "end" for interval averages')
+            raise UserError(
+                f"step_values must be one of {STEP_VALUES}, got {self.step_values!r}",
+                '"start" for sampled commands, "end" for interval averages',
+            )
         if self.delimiter is not None and len(self.delimiter) != 1:
             raise UserError(f"delimiter must be one character, got {self.delimiter!r}", "e.g. delimiter: ';'")
         self._check_timezone()
@@ -139,8 +156,10 @@ class ImportMapping:
         for what, d in (("valid_ranges", self.valid_ranges), ("sentinels", self.sentinels), ("units", self.units)):
             for col in d:
                 if col not in channels:
-                    raise UserError(f"{what} names {col!r}, which is not an observation, action or input column",
-                                    f"use one of: {', '.join(channels)} (check the spelling)")
+                    raise UserError(
+                        f"{what} names {col!r}, which is not an observation, action or input column",
+                        f"use one of: {', '.join(channels)} (check the spelling)",
+                    )
 
     @property
     def value_cols(self) -> list[str]:
@@ -161,14 +180,17 @@ class ImportMapping:
         try:
             zoneinfo.ZoneInfo(self.timezone)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise UserError(f"unknown time zone {self.timezone!r}",
-                            'give an IANA name such as "Europe/Paris" or "UTC"') from None
+            raise UserError(
+                f"unknown time zone {self.timezone!r}", 'give an IANA name such as "Europe/Paris" or "UTC"'
+            ) from None
 
     @staticmethod
     def _range(col: str, value: Any) -> list[float]:
         if not isinstance(value, (list, tuple)) or len(value) != 2:
-            raise UserError(f"valid range for {col!r} must be [lo, hi], got {value!r}",
-                            f"e.g. --valid-range {col}=-40:50 (leave a side empty for no bound)")
+            raise UserError(
+                f"valid range for {col!r} must be [lo, hi], got {value!r}",
+                f"e.g. --valid-range {col}=-40:50 (leave a side empty for no bound)",
+            )
         lo = -math.inf if value[0] is None else _number(value[0], f"valid range low of {col!r}")
         hi = math.inf if value[1] is None else _number(value[1], f"valid range high of {col!r}")
         if not lo < hi:
@@ -205,7 +227,9 @@ def _as_name_list(v: Any, name: str) -> list[str]:
         return [s.strip() for s in v.split(",") if s.strip()]
     if isinstance(v, (list, tuple)):
         return [str(s).strip() for s in v]
-    raise UserError(f"{name} must be a list of column names, got {v!r}", f"e.g. {name}: [a, b] or --{name.replace('_', '-')} a,b")
+    raise UserError(
+        f"{name} must be a list of column names, got {v!r}", f"e.g. {name}: [a, b] or --{name.replace('_', '-')} a,b"
+    )
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ImportMapping))
@@ -225,17 +249,22 @@ def read_mapping_file(path: str | Path) -> dict[str, Any]:
 
             data = yaml.safe_load(text)
     except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError: both carry line numbers
-        raise UserError(f"cannot parse mapping file {str(path)!r}: {exc}",
-                        "fix the syntax (YAML for .yaml/.yml, JSON for .json)") from None
+        raise UserError(
+            f"cannot parse mapping file {str(path)!r}: {exc}", "fix the syntax (YAML for .yaml/.yml, JSON for .json)"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UserError(f"mapping file {str(path)!r} must hold key: value pairs, got {type(data).__name__}",
-                        f"keys: {', '.join(FIELD_NAMES)}")
+        raise UserError(
+            f"mapping file {str(path)!r} must hold key: value pairs, got {type(data).__name__}",
+            f"keys: {', '.join(FIELD_NAMES)}",
+        )
     unknown = [k for k in data if k not in FIELD_NAMES]
     if unknown:
-        raise UserError(f"mapping file {str(path)!r} has unknown keys: {', '.join(map(str, unknown))}",
-                        f"known keys: {', '.join(FIELD_NAMES)}")
+        raise UserError(
+            f"mapping file {str(path)!r} has unknown keys: {', '.join(map(str, unknown))}",
+            f"known keys: {', '.join(FIELD_NAMES)}",
+        )
     return dict(data)
 
 
@@ -272,8 +301,10 @@ def parse_ranges(items: list[str] | None) -> dict[str, list[float | None]]:
         lo, sep, hi = text.partition(":")
         if not sep:
             raise UserError(f"--valid-range {col}={text}: expected lo:hi", f"e.g. --valid-range {col}=-40:50")
-        out[col] = [_number(lo, f"valid range low of {col!r}") if lo.strip() else None,
-                    _number(hi, f"valid range high of {col!r}") if hi.strip() else None]
+        out[col] = [
+            _number(lo, f"valid range low of {col!r}") if lo.strip() else None,
+            _number(hi, f"valid range high of {col!r}") if hi.strip() else None,
+        ]
     return out
 
 
@@ -303,8 +334,10 @@ class CopyOptions:
 
     def __post_init__(self) -> None:
         if self.source is not None and self.source not in SOURCES:
-            raise UserError(f"source must be one of {SOURCES}, got {self.source!r}",
-                            "use --source sim for simulator rollouts, policy for policy trajectories")
+            raise UserError(
+                f"source must be one of {SOURCES}, got {self.source!r}",
+                "use --source sim for simulator rollouts, policy for policy trajectories",
+            )
         if self.dt is not None:
             self.dt = _positive(self.dt, "dt", "give the step period in seconds, e.g. --dt 0.05")
         for name in ("observation_names", "action_names", "input_names"):
@@ -317,6 +350,8 @@ class CopyOptions:
         if not ours:
             return list(given)
         if len(ours) != n:
-            raise UserError(f"{flag} names {len(ours)} {what} channels but the data has {n}",
-                            f"give exactly {n} names in column order, or leave {flag} out for generated names")
+            raise UserError(
+                f"{flag} names {len(ours)} {what} channels but the data has {n}",
+                f"give exactly {n} names in column order, or leave {flag} out for generated names",
+            )
         return list(ours)

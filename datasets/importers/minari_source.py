@@ -6,16 +6,17 @@ listed. This module only replaces the file attributes a plain Minari file lacks:
 channel names, from `CopyOptions` (the command-line flags). Episodes are streamed one at a time, so
 datasets larger than memory copy fine; ids and seeds are kept.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from wmcheck.datasets.episode import Episode, LogMeta
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers.mapping import CopyOptions
 from wmcheck.datasets.importers.summary import ImportResult, ImportSummary
 from wmcheck.datasets.logformat import open_log
-from wmcheck.datasets.errors import UserError
 
 
 def import_minari(path: str | Path, options: CopyOptions) -> ImportResult:

@@ -24,6 +24,7 @@
    (use the columns layout to clean data on import).
 Pickled (object) arrays are refused.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from wmcheck.datasets.episode import Episode, LogMeta
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers.mapping import CopyOptions, ImportMapping
 from wmcheck.datasets.importers.summary import ImportResult, ImportSummary
 from wmcheck.datasets.importers.tabular import Table, check_columns, table_to_result
-from wmcheck.datasets.errors import UserError
 
 ALIASES = {"terminations": ("terminations", "terminals"), "truncations": ("truncations", "timeouts")}
 
@@ -56,31 +57,39 @@ def is_log_layout(arrays: dict[str, np.ndarray]) -> bool:
     return "observations" in arrays
 
 
-def import_npz_columns(path: str | Path, mapping: ImportMapping,
-                       arrays: dict[str, np.ndarray] | None = None) -> ImportResult:
+def import_npz_columns(
+    path: str | Path, mapping: ImportMapping, arrays: dict[str, np.ndarray] | None = None
+) -> ImportResult:
     """Columns layout: through the tabular pipeline."""
     arrays = load_npz(path) if arrays is None else arrays
     check_columns(list(arrays), mapping, str(path))
     lengths = {c: arrays[c].shape for c in mapping.needed_cols}
     bad = {c: s for c, s in lengths.items() if len(s) != 1}
     if bad:
-        raise UserError(f"{path}: columns must be 1-D arrays, got shapes {bad}",
-                        "save one 1-D array per column (or use the log layout with `observations`)")
+        raise UserError(
+            f"{path}: columns must be 1-D arrays, got shapes {bad}",
+            "save one 1-D array per column (or use the log layout with `observations`)",
+        )
     n = {s[0] for s in lengths.values()}
     if len(n) > 1:
         raise UserError(f"{path}: columns have different lengths {lengths}", "save equal-length columns")
-    table = Table(columns={c: arrays[c] for c in mapping.needed_cols}, n_rows=n.pop(), origin=str(path),
-                  row_label=lambda i: f"index {i}")
+    table = Table(
+        columns={c: arrays[c] for c in mapping.needed_cols},
+        n_rows=n.pop(),
+        origin=str(path),
+        row_label=lambda i: f"index {i}",
+    )
     return table_to_result(table, mapping)
 
 
-def import_npz_log(path: str | Path, options: CopyOptions,
-                   arrays: dict[str, np.ndarray] | None = None) -> ImportResult:
+def import_npz_log(path: str | Path, options: CopyOptions, arrays: dict[str, np.ndarray] | None = None) -> ImportResult:
     """Log layout: split the stacked rows into episodes."""
     z = load_npz(path) if arrays is None else arrays
     if "actions" not in z:
-        raise UserError(f"{path}: log-layout npz has `observations` but no `actions`",
-                        f"add an `actions` array (R, A); keys present: {', '.join(z)}")
+        raise UserError(
+            f"{path}: log-layout npz has `observations` but no `actions`",
+            f"add an `actions` array (R, A); keys present: {', '.join(z)}",
+        )
     obs, act = _matrix(z["observations"], "observations", path), _matrix(z["actions"], "actions", path)
     R = obs.shape[0]
     arrays = {"observations": obs, "actions": act}
@@ -97,26 +106,38 @@ def import_npz_log(path: str | Path, options: CopyOptions,
             x = np.asarray(z[found])
             arrays[key] = (x[:, 0] if x.ndim == 2 and x.shape[1] == 1 else x).astype(bool)
     vectors = ("observations", "actions", "inputs", "next_observations")
-    wrong = {k: v.shape for k, v in arrays.items()
-             if v.shape[:1] != (R,) or (k not in vectors and v.ndim != 1)}
+    wrong = {k: v.shape for k, v in arrays.items() if v.shape[:1] != (R,) or (k not in vectors and v.ndim != 1)}
     if wrong:
-        raise UserError(f"{path}: every array needs one row per time step ({R} rows, like observations; "
-                        f"rewards, flags, timestamps and episode ids 1-D); got {wrong}",
-                        "stack the rows of all episodes in the same order in every array")
-    bad = [k for k in ("observations", "actions", "inputs", "next_observations", "rewards", "timestamps")
-           if k in arrays and not np.isfinite(arrays[k].astype(np.float64)).all()]
+        raise UserError(
+            f"{path}: every array needs one row per time step ({R} rows, like observations; "
+            f"rewards, flags, timestamps and episode ids 1-D); got {wrong}",
+            "stack the rows of all episodes in the same order in every array",
+        )
+    bad = [
+        k
+        for k in ("observations", "actions", "inputs", "next_observations", "rewards", "timestamps")
+        if k in arrays and not np.isfinite(arrays[k].astype(np.float64)).all()
+    ]
     if bad:
-        raise UserError(f"{path}: NaN/inf values in {', '.join(bad)}",
-                        "clean the data first, or save it as columns (no `observations` key) so that "
-                        "the import pipeline treats them as missing")
+        raise UserError(
+            f"{path}: NaN/inf values in {', '.join(bad)}",
+            "clean the data first, or save it as columns (no `observations` key) so that "
+            "the import pipeline treats them as missing",
+        )
     starts = _episode_starts(arrays, R, path)
     meta = LogMeta(
         source=options.source or "sim",
         dt=options.dt if options.dt is not None else (float(z["dt"]) if "dt" in z else None),
-        observation_names=options.names("observation", _stored_names(z, "observation_names"), obs.shape[1], "--obs-cols"),
+        observation_names=options.names(
+            "observation", _stored_names(z, "observation_names"), obs.shape[1], "--obs-cols"
+        ),
         action_names=options.names("action", _stored_names(z, "action_names"), act.shape[1], "--action-cols"),
-        input_names=options.names("input", _stored_names(z, "input_names"),
-                                  arrays["inputs"].shape[1] if "inputs" in arrays else 0, "--input-cols"),
+        input_names=options.names(
+            "input",
+            _stored_names(z, "input_names"),
+            arrays["inputs"].shape[1] if "inputs" in arrays else 0,
+            "--input-cols",
+        ),
         units=dict(options.units),
     )
     s = ImportSummary(source_path=str(path), rows_read=R, dt=meta.dt)
@@ -130,8 +151,10 @@ def import_npz_log(path: str | Path, options: CopyOptions,
     s.episodes_produced = len(episodes)
     s.steps_produced = sum(e.num_steps for e in episodes)
     if not episodes:
-        raise UserError(f"{path}: every episode has a single row (no step)",
-                        "check `episode_starts`/`episode`, or add `next_observations`")
+        raise UserError(
+            f"{path}: every episode has a single row (no step)",
+            "check `episode_starts`/`episode`, or add `next_observations`",
+        )
     if s.episodes_dropped:
         s.notes.append(f"{s.episodes_dropped} single-row episode(s) dropped: no step to learn from")
     return ImportResult(episodes=episodes, meta=meta, summary=s)
@@ -160,8 +183,9 @@ def _episode_starts(arrays: dict[str, np.ndarray], R: int, path) -> list[int]:
     if "episode" in arrays:
         ids = arrays["episode"]
         if ids.dtype.kind not in "iu":
-            raise UserError(f"{path}: `episode` must hold integer ids, got {ids.dtype}",
-                            "use integers (or a bool `episode_starts`)")
+            raise UserError(
+                f"{path}: `episode` must hold integer ids, got {ids.dtype}", "use integers (or a bool `episode_starts`)"
+            )
         return np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]).tolist()
     return [0]
 
@@ -169,7 +193,7 @@ def _episode_starts(arrays: dict[str, np.ndarray], R: int, path) -> list[int]:
 def _episode(arrays: dict[str, np.ndarray], a: int, b: int, ep_id: int, dt: float | None) -> Episode | None:
     nxt = arrays.get("next_observations")
     if nxt is not None:  # N = M steps: every row's transition is complete
-        obs = np.vstack([arrays["observations"][a:b], nxt[b - 1:b]])  # (M+1, D)
+        obs = np.vstack([arrays["observations"][a:b], nxt[b - 1 : b]])  # (M+1, D)
         stop = b
     else:  # N = M - 1 steps: the last row only contributes its observation
         obs = arrays["observations"][a:b]  # (M, D)

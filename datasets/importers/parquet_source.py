@@ -5,16 +5,17 @@ columns are stored in UTC already; naive ones are wall time in the mapping's `ti
 columns stay strings (ISO timestamps, machine names); numeric columns become float64 with nulls as
 missing. Everything after that is the shared pipeline (`tabular.py`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers.mapping import ImportMapping
 from wmcheck.datasets.importers.summary import ImportResult
 from wmcheck.datasets.importers.tabular import Table, check_columns, table_to_result
-from wmcheck.datasets.errors import UserError
 
 
 def _pyarrow():
@@ -23,8 +24,10 @@ def _pyarrow():
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
     except ImportError:
-        raise UserError("reading Parquet files needs pyarrow, which is not installed",
-                        "pip install 'wmcheck[parquet]' (or pip install pyarrow), or export the data as CSV") from None
+        raise UserError(
+            "reading Parquet files needs pyarrow, which is not installed",
+            "pip install 'wmcheck[parquet]' (or pip install pyarrow), or export the data as CSV",
+        ) from None
     return pa, pc, pq
 
 
@@ -58,10 +61,11 @@ def read_parquet_table(path: str | Path, mapping: ImportMapping) -> Table:
             try:
                 columns[name] = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
             except pa.ArrowException as exc:
-                raise UserError(f"{path}: column {name!r} of type {col.type} is not numeric ({exc})",
-                                "map only numeric columns to observations, actions and inputs") from None
-    return Table(columns=columns, n_rows=data.num_rows, origin=str(path), row_label=lambda i: f"row {i}",
-                 notes=notes)
+                raise UserError(
+                    f"{path}: column {name!r} of type {col.type} is not numeric ({exc})",
+                    "map only numeric columns to observations, actions and inputs",
+                ) from None
+    return Table(columns=columns, n_rows=data.num_rows, origin=str(path), row_label=lambda i: f"row {i}", notes=notes)
 
 
 def _timestamps(col, pa, pc, mapping: ImportMapping) -> np.ndarray:

@@ -3,6 +3,7 @@
 Every cleaning step counts what it touched so that a user can see how much of their data was
 kept, repaired or thrown away, per column and per reason.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -84,28 +85,42 @@ class ImportSummary:
         if self.time_start is not None:
             lines.append(f"  time range (UTC) {_iso(self.time_start)} .. {_iso(self.time_end)}")
         if self.duplicate_rows:
-            lines.append(f"  duplicate rows   {self.duplicate_rows:,} merged into the row at the same time step "
-                         "(values they disagree on become missing)")
+            lines.append(
+                f"  duplicate rows   {self.duplicate_rows:,} merged into the row at the same time step "
+                "(values they disagree on become missing)"
+            )
         if self.missing_rows:
             lines.append(f"  missing rows     {self.missing_rows:,} time steps with no row")
         if self.max_snap_seconds > 1e-6 * (self.dt or 1.0):
             lines.append(f"  snapped to grid  timestamps moved by up to {self.max_snap_seconds:g} s")
         cols = self.missing_per_column
         if any(cols.values()) or any(self.interpolated.values()):
-            lines.append("  values treated as missing, per column "
-                         "(empty + out of range + sentinel + duplicate conflict) / interpolated:")
+            lines.append(
+                "  values treated as missing, per column "
+                "(empty + out of range + sentinel + duplicate conflict) / interpolated:"
+            )
             width = max(len(c) for c in [*cols, *self.interpolated])
             for c in dict.fromkeys([*cols, *self.interpolated]):
-                parts = " + ".join(f"{d.get(c, 0):,}" for d in (self.missing_in_source, self.out_of_range,
-                                                                 self.sentinel_hits, self.duplicate_conflicts))
-                lines.append(f"    {c:<{width}}  {cols.get(c, 0):>8,}  ({parts})  interpolated {self.interpolated.get(c, 0):,}")
+                parts = " + ".join(
+                    f"{d.get(c, 0):,}"
+                    for d in (self.missing_in_source, self.out_of_range, self.sentinel_hits, self.duplicate_conflicts)
+                )
+                lines.append(
+                    f"    {c:<{width}}  {cols.get(c, 0):>8,}  ({parts})  interpolated {self.interpolated.get(c, 0):,}"
+                )
         lines.append(f"  values missing   {self.values_missing:,} in total, {self.values_interpolated:,} interpolated")
-        lines.append(f"  split points     {self.split_points:,} ({self.splits_time_gap:,} time gaps, "
-                     f"{self.splits_missing:,} runs of missing values)")
-        lines.append(f"  episodes         {self.episodes_produced:,} produced ({self.steps_produced:,} steps), "
-                     f"{self.episodes_dropped:,} dropped as too short")
+        lines.append(
+            f"  split points     {self.split_points:,} ({self.splits_time_gap:,} time gaps, "
+            f"{self.splits_missing:,} runs of missing values)"
+        )
+        lines.append(
+            f"  episodes         {self.episodes_produced:,} produced ({self.steps_produced:,} steps), "
+            f"{self.episodes_dropped:,} dropped as too short"
+        )
         if self.length_cuts:
-            lines.append(f"  length cuts      {self.length_cuts:,} (long pieces cut into episodes of at most max_episode_steps)")
+            lines.append(
+                f"  length cuts      {self.length_cuts:,} (long pieces cut into episodes of at most max_episode_steps)"
+            )
         if self.rows_dropped:
             lines.append(f"  rows dropped     {self.rows_dropped:,} (in unrecoverable gaps or dropped pieces)")
         lines.extend(f"  note: {n}" for n in self.notes)

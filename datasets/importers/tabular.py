@@ -16,22 +16,39 @@ Steps, in order, each counted in the `ImportSummary`:
 Each piece becomes an `Episode` (N+1 observation rows; actions/inputs from row t or t+1 according
 to `step_values`), ids numbered 0.. in machine order, then time.
 """
+
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
 from wmcheck.datasets.episode import Episode, LogMeta
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers.mapping import ImportMapping
 from wmcheck.datasets.importers.summary import ImportResult, ImportSummary
 from wmcheck.datasets.importers.timestamps import parse_timestamps
-from wmcheck.datasets.errors import UserError
 
-NA_STRINGS = ("", "NA", "N/A", "n/a", "na", "NaN", "nan", "NAN", "null", "NULL", "Null", "None",
-              "none", "#N/A", "-nan", "nan(ind)")
+NA_STRINGS = (
+    "",
+    "NA",
+    "N/A",
+    "n/a",
+    "na",
+    "NaN",
+    "nan",
+    "NAN",
+    "null",
+    "NULL",
+    "Null",
+    "None",
+    "none",
+    "#N/A",
+    "-nan",
+    "nan(ind)",
+)
 """Cells read as missing in text sources (exact match after stripping spaces)."""
 
 
@@ -96,8 +113,9 @@ def table_to_result(table: Table, mapping: ImportMapping) -> ImportResult:
     dt = m.dt if m.dt is not None else _infer_dt(t, machine)
     s.dt, s.dt_inferred = dt, m.dt is None
     if m.split_gap is not None and m.split_gap < dt:
-        raise UserError(f"split_gap {m.split_gap:g} s is shorter than the step dt {dt:g} s",
-                        "give a split gap of at least one step")
+        raise UserError(
+            f"split_gap {m.split_gap:g} s is shorter than the step dt {dt:g} s", "give a split gap of at least one step"
+        )
     s.interpolated = dict.fromkeys(cols, 0)
 
     episodes: list[Episode] = []
@@ -117,8 +135,14 @@ def table_to_result(table: Table, mapping: ImportMapping) -> ImportResult:
             f"min_episode_steps={m.min_episode_steps})\n{s.format_text()}",
             "check the valid ranges and sentinels, raise --max-interp-gap, or lower min_episode_steps",
         )
-    meta = LogMeta(source=m.source, dt=dt, observation_names=list(m.obs_cols),
-                   action_names=list(m.action_cols), input_names=list(m.input_cols), units=dict(m.units))
+    meta = LogMeta(
+        source=m.source,
+        dt=dt,
+        observation_names=list(m.obs_cols),
+        action_names=list(m.action_cols),
+        input_names=list(m.input_cols),
+        units=dict(m.units),
+    )
     return ImportResult(episodes=episodes, meta=meta, summary=s)
 
 
@@ -146,7 +170,7 @@ def _to_float(col: Sequence | np.ndarray, name: str, table: Table) -> np.ndarray
     if arr.dtype.kind in "iufb":
         return arr.astype(np.float64)
     arr = arr.astype(str)
-    for attempt in range(2):  # fast path, then once more with surrounding spaces stripped
+    for _attempt in range(2):  # fast path, then once more with surrounding spaces stripped
         missing = np.zeros(arr.shape, bool)
         for na in NA_STRINGS:  # a few vectorised compares beat np.isin's sort on 400k strings
             missing |= arr == na
@@ -155,14 +179,16 @@ def _to_float(col: Sequence | np.ndarray, name: str, table: Table) -> np.ndarray
             return arr.astype(np.float64)
         except ValueError:
             arr = np.char.strip(arr)
-    for i, v in enumerate(arr):  # error path: name the first bad cell
+    for i, v in enumerate(arr):  # noqa: B007 (i names the bad row below)  error path: name the first bad cell
         try:
             float(v)
         except ValueError:
             break
-    raise UserError(f"{table.origin}: column {name!r} has a non-numeric value {str(v)!r} at {table.row_label(i)}",
-                    f"value columns must be numbers; empty cells and {', '.join(NA_STRINGS[1:6])} "
-                    "are read as missing; map codes with --sentinel")
+    raise UserError(
+        f"{table.origin}: column {name!r} has a non-numeric value {str(v)!r} at {table.row_label(i)}",
+        f"value columns must be numbers; empty cells and {', '.join(NA_STRINGS[1:6])} "
+        "are read as missing; map codes with --sentinel",
+    )
 
 
 def _clean(V: np.ndarray, cols: list[str], m: ImportMapping, s: ImportSummary) -> None:
@@ -188,8 +214,9 @@ def _infer_dt(t: np.ndarray, machine: np.ndarray) -> float:
     d = np.diff(t)[machine[1:] == machine[:-1]]
     d = d[d > 0]
     if not d.size:
-        raise UserError("cannot infer dt: no machine has two rows at different times",
-                        "give the step period with --dt SECONDS")
+        raise UserError(
+            "cannot infer dt: no machine has two rows at different times", "give the step period with --dt SECONDS"
+        )
     return float(np.median(d))
 
 
@@ -292,8 +319,7 @@ def _fill_short_gaps(G: np.ndarray, m: ImportMapping, s: ImportSummary) -> None:
         s.interpolated[col] += int(fill.sum())
 
 
-def _pieces(grid_t: np.ndarray, G: np.ndarray, present: np.ndarray, m: ImportMapping, s: ImportSummary,
-            state: dict):
+def _pieces(grid_t: np.ndarray, G: np.ndarray, present: np.ndarray, m: ImportMapping, s: ImportSummary, state: dict):
     """Split at rows still missing a value; drop short pieces; yield the rest. `state` carries, per
     machine, the pieces seen so far and whether a split_gap cut came since the last one, so that
     each split (a boundary between two pieces) is counted once, under its reason."""

@@ -6,21 +6,25 @@ own offset, so the result is monotonic in real time. Strings without an offset a
 mapping's `timezone` (UTC by default). Each distinct string is parsed once (a SCADA file repeats every
 timestamp once per machine). A value that parses neither way is reported with its row.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from wmcheck.datasets.errors import UserError
 
-FIX = ('timestamps must be ISO 8601 ("2014-01-01T00:00:00+01:00", "2014-01-01 00:00:00Z") or numeric '
-       "seconds; fix or delete the row, or choose the right --time-col")
+FIX = (
+    'timestamps must be ISO 8601 ("2014-01-01T00:00:00+01:00", "2014-01-01 00:00:00Z") or numeric '
+    "seconds; fix or delete the row, or choose the right --time-col"
+)
 
 
-def parse_timestamps(values: Sequence | np.ndarray, col: str, row_label: Callable[[int], str],
-                     timezone: str = "UTC") -> tuple[np.ndarray, list[str]]:
+def parse_timestamps(
+    values: Sequence | np.ndarray, col: str, row_label: Callable[[int], str], timezone: str = "UTC"
+) -> tuple[np.ndarray, list[str]]:
     """Return (seconds (n,) float64 UTC epoch, or as given for numeric times; notes for the summary)."""
     arr = values if isinstance(values, np.ndarray) else None
     if arr is not None and arr.dtype.kind in "iufb":
@@ -58,13 +62,15 @@ def _try_numeric(seq: Sequence, col: str, row_label: Callable[[int], str]) -> np
                 continue
         except ValueError:
             pass
-        raise UserError(f"cannot parse timestamp {str(v)!r} in column {col!r} at {row_label(i)} "
-                        "(the column starts with numeric seconds)", FIX)
+        raise UserError(
+            f"cannot parse timestamp {str(v)!r} in column {col!r} at {row_label(i)} "
+            "(the column starts with numeric seconds)",
+            FIX,
+        )
     raise AssertionError("unreachable")
 
 
-def _parse_iso(seq: Sequence, col: str, row_label: Callable[[int], str],
-               timezone: str) -> tuple[np.ndarray, list[str]]:
+def _parse_iso(seq: Sequence, col: str, row_label: Callable[[int], str], timezone: str) -> tuple[np.ndarray, list[str]]:
     tz = _dt.timezone.utc if timezone.upper() == "UTC" else _zone(timezone)
     parsed: dict = dict.fromkeys(seq)  # distinct strings in order of first appearance
     offsets: set = set()

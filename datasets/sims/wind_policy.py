@@ -12,6 +12,7 @@ The controller sees the last 10-minute interval (the simulator's observation
 `policy` is a ready instance for `module:callable` specs:
 `wmcheck.datasets.sims.wind_policy:policy`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,14 @@ from wmcheck.datasets.sims.wind_turbine import TurbineParams, turbine_power
 
 
 class YawPitchPolicy:
-    def __init__(self, params: TurbineParams | None = None, yaw_deadband_deg: float = 8.0,
-                 idle_pitch_deg: float = 45.0, feather_pitch_deg: float = 90.0, design_temperature_c: float = 10.0):
+    def __init__(
+        self,
+        params: TurbineParams | None = None,
+        yaw_deadband_deg: float = 8.0,
+        idle_pitch_deg: float = 45.0,
+        feather_pitch_deg: float = 90.0,
+        design_temperature_c: float = 10.0,
+    ):
         self.params = params or TurbineParams()
         self.deadband = yaw_deadband_deg
         self.idle, self.feather = idle_pitch_deg, feather_pitch_deg

@@ -20,6 +20,7 @@ temperature are the exogenous row t; the power averaged over that interval is ob
 The controller observes the last interval: [power kW, wind speed m/s, wind direction relative to
 the nacelle deg, outdoor temperature degC, nacelle heading deg].
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,7 +71,9 @@ def power_coefficient(tip_speed_ratio, pitch_deg) -> np.ndarray:
     return np.clip(cp, 0.0, 16.0 / 27.0)
 
 
-def turbine_power(wind_ms, misalignment_deg, temperature_c, pitch_deg, params: TurbineParams | None = None) -> np.ndarray:
+def turbine_power(
+    wind_ms, misalignment_deg, temperature_c, pitch_deg, params: TurbineParams | None = None
+) -> np.ndarray:
     """Electrical power in kW (10-minute mean, steady-wind assumption); arrays broadcast."""
     p = params or TurbineParams()
     v = np.maximum(np.asarray(wind_ms, float), 0.1)
@@ -122,9 +125,12 @@ class WindTurbineSim(gym.Env):
         self.max_steps = int(max_steps)
         self.observation_space = gym.spaces.Box(
             np.array([-100.0, 0.0, -180.0, -50.0, 0.0], np.float32),
-            np.array([3000.0, 60.0, 180.0, 60.0, 360.0], np.float32), dtype=np.float32)
-        self.action_space = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([92.0, 360.0], np.float32),
-                                           dtype=np.float32)
+            np.array([3000.0, 60.0, 180.0, 60.0, 360.0], np.float32),
+            dtype=np.float32,
+        )
+        self.action_space = gym.spaces.Box(
+            np.array([-2.0, 0.0], np.float32), np.array([92.0, 360.0], np.float32), dtype=np.float32
+        )
         self._weather = np.zeros((0, 3))
         self._t = 0
         self._nacelle = 0.0
@@ -178,8 +184,9 @@ def logged_weather(ep: Episode, input_names: list[str], action_names: list[str])
     return np.concatenate([w[:1], w]), float(ep.actions[0, act["Ya_avg"]])
 
 
-def replay_episode(ep: Episode, input_names: list[str], action_names: list[str], policy=None,
-                   params: TurbineParams | None = None) -> Episode:
+def replay_episode(
+    ep: Episode, input_names: list[str], action_names: list[str], policy=None, params: TurbineParams | None = None
+) -> Episode:
     """Run a logged period through the simulator: its weather, and either its own commands
     (`policy=None`, the simulator's replay) or `policy(obs) -> [pitch, nacelle]` (closed loop).
     Starts from the logged power; returns an episode with the log's channels (obs P_avg, actions
@@ -201,13 +208,21 @@ def replay_episode(ep: Episode, input_names: list[str], action_names: list[str],
         actions.append([a[0], a[1] % 360.0])
         inputs.append([obs[1], obs[2], obs[3]])
         rewards.append(r)
-    return Episode(observations=np.asarray(power, np.float32)[:, None],  # (N+1, 1)
-                   actions=np.asarray(actions, np.float32), inputs=np.asarray(inputs, np.float32),
-                   rewards=np.asarray(rewards, np.float32), terminations=np.zeros(ep.num_steps, bool),
-                   timestamps=ep.timestamps, id=ep.id, name=ep.name)
+    return Episode(
+        observations=np.asarray(power, np.float32)[:, None],  # (N+1, 1)
+        actions=np.asarray(actions, np.float32),
+        inputs=np.asarray(inputs, np.float32),
+        rewards=np.asarray(rewards, np.float32),
+        terminations=np.zeros(ep.num_steps, bool),
+        timestamps=ep.timestamps,
+        id=ep.id,
+        name=ep.name,
+    )
 
 
-def replay_log(real_log, out, episode_ids=None, policy=None, params: TurbineParams | None = None) -> tuple[LogMeta, int]:
+def replay_log(
+    real_log, out, episode_ids=None, policy=None, params: TurbineParams | None = None
+) -> tuple[LogMeta, int]:
     """Replay episodes of a real wind-turbine log (default: all) into a new log `out` (written
     atomically): source "sim" with the logged commands, "policy" with a policy. Returns (meta, steps)."""
     from wmcheck.datasets.logformat import LogWriter, open_log
@@ -215,13 +230,25 @@ def replay_log(real_log, out, episode_ids=None, policy=None, params: TurbinePara
     with open_log(real_log) as log:
         ids = list(log.episode_ids) if episode_ids is None else list(episode_ids)
         src = log.meta
-        if (src.observation_names, src.action_names, sorted(src.input_names)) != (["P_avg"], ACTION_NAMES, sorted(INPUT_NAMES)):
-            raise UserError(f"{real_log} does not have the La Haute Borne channels (obs {src.observation_names}, "
-                            f"actions {src.action_names}, inputs {src.input_names})",
-                            "import it with datasets/data/la-haute-borne.yaml (obs P_avg, actions Ba_avg/Ya_avg, "
-                            "inputs Ws_avg/Va_avg/Ot_avg)")
-        meta = LogMeta(source="sim" if policy is None else "policy", dt=src.dt, observation_names=["P_avg"],
-                       action_names=list(ACTION_NAMES), input_names=list(INPUT_NAMES), units=dict(UNITS))
+        if (src.observation_names, src.action_names, sorted(src.input_names)) != (
+            ["P_avg"],
+            ACTION_NAMES,
+            sorted(INPUT_NAMES),
+        ):
+            raise UserError(
+                f"{real_log} does not have the La Haute Borne channels (obs {src.observation_names}, "
+                f"actions {src.action_names}, inputs {src.input_names})",
+                "import it with datasets/data/la-haute-borne.yaml (obs P_avg, actions Ba_avg/Ya_avg, "
+                "inputs Ws_avg/Va_avg/Ot_avg)",
+            )
+        meta = LogMeta(
+            source="sim" if policy is None else "policy",
+            dt=src.dt,
+            observation_names=["P_avg"],
+            action_names=list(ACTION_NAMES),
+            input_names=list(INPUT_NAMES),
+            units=dict(UNITS),
+        )
         steps = 0
         with LogWriter(out, meta) as writer:
             for ep in log.episodes(ids):
