@@ -29,7 +29,7 @@ import torch
 
 from wmcheck.checks.attribution import SearchMatrices, allowed_corrections, identity_index, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
-from wmcheck.checks.config import SCORES, CheckConfig, split_alpha
+from wmcheck.checks.config import POWER_GAPS, SCORES, CheckConfig, split_alpha
 from wmcheck.checks.evidence import CheckEvidence, GapEvidence
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
@@ -48,6 +48,7 @@ POWER_SIZES = {
     "sensor_noise": (0.05, 0.1, 0.25, 0.5),  # Gaussian noise, x each channel's training std
     "sensor_bias": (0.1, 0.25, 0.5, 1.0),  # bias, x each channel's training std
 }
+assert tuple(POWER_SIZES) == POWER_GAPS, "config.POWER_GAPS names the power table's gap types"
 POWER_UNITS = {"latency": "steps", "actuator": "gain", "sensor_noise": "x channel std", "sensor_bias": "x channel std"}
 
 

@@ -25,10 +25,10 @@ import numpy as np
 from wmcheck.checks import report_build as rb
 from wmcheck.checks.blocks import Blocks, block_controls, block_states, make_blocks
 from wmcheck.checks.calibration import Calibration, power_table
-from wmcheck.checks.config import SCORES, CheckConfig, Gate
+from wmcheck.checks.config import POWER_GAPS, SCORES, CheckConfig, Gate
 from wmcheck.checks.decision import Decision, Levels, decide
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, score_arrays
-from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence
+from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.regimes import find_regimes
@@ -41,7 +41,7 @@ from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
 from wmcheck.training.checkpoint import file_sha256, load_model
 
-REPORT_VERSION = 2  # 2: adds the `policy` and `regimes` sections
+REPORT_VERSION = 3  # 2: adds the `policy` and `regimes` sections; 3: the `inconclusive` verdict (exit 3)
 NEXT_STEPS = rb.NEXT_STEPS
 
 
@@ -174,9 +174,10 @@ def run_check(
             rng,
             seed,
         )
-    ev = CheckEvidence(div, gaps, dist, corrected, None if pol is None else bool(pol["gate"]["passed"]))
-    dec = decide(ev, levels, gate.allow_unverifiable)
     power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=seed)
+    policy_passed = None if pol is None else bool(pol["gate"]["passed"])
+    ev = CheckEvidence(div, gaps, dist, corrected, policy_passed, _power_evidence(power, inp, gate))
+    dec = decide(ev, levels, gate.allow_unverifiable)
     report = _report(inp, sc, comp, ev, dec, levels, visual_row, power, pol, gate, alpha, seed)
     report["provenance"] = _provenance(inp, rollouts, command, t0)
     report["_embedding"] = _embedding(model, inp.blocks, cal, rng)
@@ -240,6 +241,18 @@ def _divergence(inp: CheckInputs, sc: BlockScores, competent: np.ndarray, alpha:
             e.onset_step = int(blocks.start[b] + inp.cfg.context + (over[0] if len(over) else 0))
             break
     return div
+
+
+def _power_evidence(power: dict, inp: CheckInputs, gate: Gate) -> PowerEvidence:
+    """What the power table says a check of this size could detect; the types a pass needs."""
+    applies = [g for g in POWER_GAPS if g not in ("latency", "actuator") or inp.norm.dim("action") > 0]
+    required = tuple(gate.require_power) if gate.require_power is not None else tuple(applies)
+    return PowerEvidence(
+        {g: row["smallest_detected"] is not None for g, row in power.items()},
+        all(row.get("reliable", True) for row in power.values()),
+        len(inp.cal.info.get("held_out_episodes", [])),
+        required,
+    )
 
 
 def _visual_evidence(row: dict) -> GapEvidence:
@@ -315,6 +328,7 @@ def _report(
             "pooled_p_values": {k: rb.r4(v) for k, v in ev.divergence.pooled.p_values.items()},
             "pooled_test": rb.pooled_description(ev),
             "failing": list(dec.failing),
+            "missing_power": list(dec.missing_power),
             "alpha": alpha,
             "tolerated_by_gate": dec.tolerated_by_gate,
             "message": rb.message(dec, ev, rows, power, levels, pol),

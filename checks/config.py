@@ -21,6 +21,8 @@ POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
 """Field practice before hardware time: >= 1,000 simulator episodes across the task distribution,
 simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "distribution")
+POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias")
+"""The gap types the power table injects (calibration.POWER_SIZES), which a pass needs power on."""
 DYNAMICS_GAPS = ("latency", "actuator", "sensor_noise", "dynamics")
 """The attribution's gap tests; each one found present fails a check."""
 
@@ -220,6 +222,10 @@ class Gate:
                         {max_ratio, max_bias}, distribution: {min_coverage} (binding: below it the run
                         fails), visual: {max_distance_ratio, max_clip_distance}
     allow_unverifiable: let unverifiable episodes pass (exit 0) — the report still says so
+    require_power:      the gap types a pass needs power on (default: every type of the power table
+                        that applies: latency, actuator (with command channels), sensor_noise,
+                        sensor_bias); a run that finds nothing but could not have seen a required
+                        type is `inconclusive` (exit 3). Listing fewer accepts a partial pass.
     policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`):
                         a policy check with fewer simulator episodes or a lower simulator success
                         rate fails; defaults 1000 / 0.85
@@ -231,6 +237,7 @@ class Gate:
     score_alpha: dict[str, float] = field(default_factory=dict)
     tolerances: Tolerances = field(default_factory=Tolerances)
     allow_unverifiable: bool = False
+    require_power: list[str] | None = None
     policy: dict[str, float] = field(default_factory=lambda: dict(POLICY_GATE_DEFAULTS))
     source: str = "defaults"
 
@@ -253,6 +260,13 @@ class Gate:
             if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < float(a) < 1):
                 raise UserError(f"{where}: {name} must be in (0, 1), got {a!r}", "use a probability such as 0.05")
         self.policy = validate_gate_policy(self.policy, where)
+        if self.require_power is not None:
+            rp = self.require_power
+            if not isinstance(rp, list) or not all(isinstance(g, str) for g in rp) or set(rp) - set(POWER_GAPS):
+                raise UserError(
+                    f"{where}: require_power must be a list of gap types from {list(POWER_GAPS)}, got {rp!r}",
+                    "e.g. require_power: [sensor_noise, sensor_bias]",
+                )
 
     @classmethod
     def load(cls, path: str | Path) -> Gate:

@@ -42,7 +42,13 @@ Run
       unverifiable, not failed.
   R5  unverifiable when not failed and some episode is unverifiable (E2) or R4 applies; exit code 0
       only when the gate allows unverifiable runs.
-  R6  pass otherwise (exit 0).
+  R6  pass otherwise (exit 0), if R7 allows.
+  R7  no pass without power: a pass claims every gap type, so when the power table (for a check of
+      this many blocks) shows a required gap type undetectable at every tested size, or its
+      control is unreliable, or power could not be measured at all (fewer than 2 held-out real
+      episodes per half), the verdict is `inconclusive` (exit 3), listing the types it could not
+      have seen (`Decision.missing_power`). The gate's `require_power` narrows the required types
+      (a partial pass the team accepts explicitly).
 Top gap
   T1  among the dynamics-family gaps that fire (present or tolerated), the one the bootstrap
       separates (largest evidence in >= 90 % of replicates; attribution.separate_top), else none
@@ -62,7 +68,8 @@ from wmcheck.checks.evidence import CheckEvidence, DivergenceEvidence, EpisodeEv
 
 RESIDUAL_GAPS = ("sensor_noise", "dynamics")
 """Gap tests that compare residual levels with the real blocks' (they depend on the visited states)."""
-EXIT_CODES = {"pass": 0, "fail": 1, "unverifiable": 1}
+EXIT_CODES = {"pass": 0, "fail": 1, "unverifiable": 1, "inconclusive": 3}
+"""0 pass, 1 fail or unverifiable (0 with allow_unverifiable), 3 inconclusive; 2 is bad input (the CLI)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class Decision:
     failing_without_tolerance: tuple[str, ...] = ()  # the same reasons had the gate tolerated nothing
     shift_confounded: tuple[str, ...] = ()  # R4
     consistency_verdict: str = "pass"  # the verdict without the policy gate
+    missing_power: tuple[str, ...] = ()  # R7: the required gap types this check could not have seen
 
     @property
     def tolerated_by_gate(self) -> bool:
@@ -162,12 +170,27 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
         consistency = "unverifiable"  # R5
     else:
         consistency = "pass"
+    missing = ev.power.missing if ev.power is not None else ()
+    if consistency == "pass" and missing:
+        consistency = "inconclusive"  # R7
     verdict = consistency
     if ev.policy_gate_passed is False:
         failing, raw, verdict = failing + ("policy_gate",), raw + ("policy_gate",), "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and allow_unverifiable) else EXIT_CODES[verdict]
     top, confounded = top_gap(ev, gaps, pooled_rejects(ev.divergence, levels))
-    return Decision(verdict, exit_code, episodes, gaps, top, confounded, failing, raw, shift_confounded, consistency)
+    return Decision(
+        verdict,
+        exit_code,
+        episodes,
+        gaps,
+        top,
+        confounded,
+        failing,
+        raw,
+        shift_confounded,
+        consistency,
+        missing if consistency == "inconclusive" else (),
+    )
 
 
 def top_gap(ev: CheckEvidence, gaps: dict[str, str], pooled_reject: bool) -> tuple[str, list[str]]:

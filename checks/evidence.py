@@ -15,6 +15,7 @@ strings. Every test a check runs leaves one of these:
                        bootstrap replicates (to separate the top gap), and a typed `detail` that the
                        report turns into an estimate and an explanation
   DistributionEvidence the two-sample test of the visited states and the coverage of the support
+  PowerEvidence        which gap types a check of this size could have detected (a pass needs it)
   CheckEvidence        all of the above for one check, plus the policy gate's outcome
 The power table (calibration.power_table) builds the same dataclasses on injected real blocks, so
 the decision it replays is the check's own.
@@ -105,12 +106,34 @@ class DistributionEvidence:
 
 
 @dataclass
+class PowerEvidence:
+    """What the power table says a check of this size could have detected (calibration.power_table)."""
+
+    detectable: dict[str, bool]  # power gap type -> detected at some tested size with probability >= target
+    reliable: bool = True  # False: the uninjected control already reaches the target (held-out episodes differ)
+    held_out_episodes: int = 0  # real episodes the thresholds and the power rest on
+    required: tuple[str, ...] = ()  # the types a pass needs power on (gate `require_power`, default all that apply)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.detectable)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """Required types the check could not have seen (all of them when power was not measured)."""
+        if not self.measured or not self.reliable:
+            return tuple(self.required)
+        return tuple(g for g in self.required if not self.detectable.get(g, False))
+
+
+@dataclass
 class CheckEvidence:
     divergence: DivergenceEvidence  # the checked data as they are
     gaps: dict[str, GapEvidence]  # DYNAMICS_GAPS and "visual"
     distribution: DistributionEvidence | None = None
     corrected: DivergenceEvidence | None = None  # the same tests after the corrections of the gaps that fired
     policy_gate_passed: bool | None = None  # None: no policy was run
+    power: PowerEvidence | None = None  # None: not evaluated (the power table's own replicates)
 
     def __post_init__(self) -> None:
         missing = [g for g in (*DYNAMICS_GAPS, "visual") if g not in self.gaps]

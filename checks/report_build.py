@@ -303,6 +303,8 @@ def message(
                 f"other proportions than the real logs (distribution gap), and residuals differ between states anyway; "
                 f"this is not a pass: collect real logs in the states the simulator visits."
             )
+    elif dec.verdict == "inconclusive":
+        parts.append(inconclusive_sentence(dec, ev, power))
     else:
         parts.append(
             f"PASS: {n_ep} episode(s) consistent with reality as the model knows it"
@@ -325,6 +327,35 @@ def message(
     elif dec.confounded:
         parts.append(f"The evidence does not separate {', '.join(dec.confounded)}: they are confounded.")
     return " ".join(parts)
+
+
+def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:
+    """R7: nothing was found, but the check could not have seen some required gap types."""
+    n_ep = len(dec.episodes)
+    pw = ev.power
+    if not pw.measured:
+        why = (
+            f"its power was not measured ({pw.held_out_episodes} held-out real episodes; the power table needs at "
+            "least 2 per half)"
+        )
+    elif not pw.reliable:
+        rate = next(iter(power.values()))["control_detection"]
+        why = (
+            "its power could not be measured reliably: with no gap injected, the held-out real episodes already "
+            f"differ among themselves ({rate:.0%} detected)"
+        )
+    else:
+        sizes = "; ".join(
+            f"{g} up to {power[g]['sizes'][-1]} {power[g]['units']}" for g in dec.missing_power if g in power
+        )
+        why = f"no injected size of {', '.join(dec.missing_power)} was detected ({sizes})"
+    return (
+        f"INCONCLUSIVE: nothing in the {n_ep} checked episode(s) diverges, but this is not a pass: {why}, so the "
+        f"check could not have seen {', '.join(dec.missing_power)} gaps. What would fix it: more held-out real "
+        "episodes (log more, or train with a larger --val-fraction), more or longer checked episodes, or a "
+        "better-trained model; a team that accepts a partial pass lists the types it needs in the gate "
+        "(require_power: [...])."
+    )
 
 
 def power_sentence(power: dict, alpha: float) -> str:

@@ -26,7 +26,7 @@ COLORS = {
     "not_checked": "#aaaaaa",
     "confounded": "#f0ad4e",
 }
-VERDICT_COLORS = {"pass": "#2e7d32", "fail": "#c62828", "unverifiable": "#ef6c00"}
+VERDICT_COLORS = {"pass": "#2e7d32", "fail": "#c62828", "unverifiable": "#ef6c00", "inconclusive": "#6d4c41"}
 
 
 def _png(fig) -> str:

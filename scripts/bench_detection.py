@@ -336,7 +336,8 @@ def run_one(job: CheckJob, spec: SystemSpec, run_dir: Path, log_path: Path, work
     out = {
         **dataclasses.asdict(job),
         "verdict": report["verdict"],
-        "flagged": report["verdict"] != "pass",
+        # a flag is a finding (fail or unverifiable); inconclusive (no power) is neither a pass nor a finding
+        "flagged": report["verdict"] in ("fail", "unverifiable"),
         "score": s["score"],
         "top_gap": s["top_gap"],
         "confounded": s["confounded"],
@@ -415,6 +416,7 @@ def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
         "false_alarms": {
             "wmcheck": rate(controls),
             "wmcheck_fail_only": rate(controls, lambda r: r["verdict"] == "fail"),
+            "wmcheck_inconclusive": rate(controls, lambda r: r["verdict"] == "inconclusive"),
             **{b: rate(controls, lambda r, b=b: r["baselines"][b]["flagged"]) for b in ("mmd", "mlp")},
         },
         "cells": [],
@@ -435,7 +437,9 @@ def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
                 "detection": rate(rows),
                 "auroc": rank_auc([r["score"] for r in rows], ctrl_scores["wmcheck"]) if controls else None,
                 "attribution": rate(rows, lambda r, gap=gap: r["top_gap"] == gap),
-                "attribution_among_detected": rate([r for r in rows if r["flagged"]], lambda r, gap=gap: r["top_gap"] == gap),
+                "attribution_among_detected": rate(
+                    [r for r in rows if r["flagged"]], lambda r, gap=gap: r["top_gap"] == gap
+                ),
                 "top_gaps": [r["top_gap"] for r in rows],
                 "estimate_mean_abs_error": _mean(abs_errs),
                 "estimates": [e for e in errs if e],

@@ -19,9 +19,11 @@ def register(sub) -> None:
             "actuator, sensor noise, dynamics, distribution) with estimates and intervals, and the "
             "power of the check. Writes REPORTDIR/report.json (schema: wmcheck/checks/schema/"
             "report.schema.json), report.html and a TensorBoard run (REPORTDIR/tb). Exit code: 0 pass, "
-            "1 fail (divergent, or unverifiable unless --allow-unverifiable), 2 bad input."
+            "1 fail (divergent, or unverifiable unless --allow-unverifiable), 2 bad input, 3 inconclusive "
+            "(nothing found, but the power table shows the check could not have seen some gap type: not a pass)."
         ),
         epilog="gate file keys: alpha, score_alpha{score: p}, tolerances{gap: {...}}, allow_unverifiable, "
+        "require_power[latency, actuator, sensor_noise, sensor_bias], "
         "policy{min_episodes (default 1000), min_success_rate (default 0.85)}: a policy check with fewer "
         "simulator episodes or a lower simulator success rate fails",
     )

@@ -55,20 +55,37 @@ def test_faithful_simulator_passes(pendulum, tmp_path):
     code = main(["check", str(run), "--rollouts", str(sim), "--out", str(tmp_path / "ok"), "--no-tensorboard"])
     report = json.loads((tmp_path / "ok" / "report.json").read_text())
     assert (tmp_path / "ok" / "report.html").exists()
-    assert report["verdict"] == "pass" and report["exit_code"] == 0 and code == 0, report["summary"]
     assert report["summary"]["top_gap"] == "none"
     assert _present(report) == set()
     assert report["summary"]["score"] < 0.75
-    # A pass states its power, or why it could not be measured (the uninjected control at the target).
+    # No pass without power: a pass states what it would have caught; where the power table shows a
+    # gap type this check could not have seen, the verdict is inconclusive (exit 3), never pass.
     power = report["power"]["gaps"]
-    if all(p["reliable"] for p in power.values()):
+    if all(p["reliable"] and p["smallest_detected"] is not None for p in power.values()):
+        assert report["verdict"] == "pass" and report["exit_code"] == 0 and code == 0, report["summary"]
         assert "would have caught" in report["summary"]["message"]
     else:
-        assert "could not be measured reliably" in report["summary"]["message"]
-        assert all(
-            p["smallest_detected"] is None and p["control_detection"] >= report["power"]["target"]
-            for p in power.values()
-        )
+        assert report["verdict"] == "inconclusive" and report["exit_code"] == 3 and code == 3, report["summary"]
+        assert report["summary"]["missing_power"] and "INCONCLUSIVE" in report["summary"]["message"]
+    # the team may accept a partial pass explicitly: no gap type required
+    partial = run_check(run, sim, Gate(require_power=[]))
+    assert partial["verdict"] == "pass" and partial["exit_code"] == 0
+
+
+def test_a_check_too_small_to_see_a_gap_is_inconclusive(pendulum, tmp_path):
+    """One checked episode (3 blocks): nothing diverges, but the power table for a check of 3 blocks
+    does not reach the target for every injected gap type, so the run cannot pass (rule R7)."""
+    run, meta, tmp = pendulum
+    eps = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=1, max_steps=200, seed=7000)
+    write_log(tmp_path / "one.h5", eps, LogMeta(**{**meta.__dict__, "source": "sim"}))
+    report = run_check(run, tmp_path / "one.h5")
+    power = report["power"]["gaps"]
+    assert report["power"]["n_blocks"] == 3
+    missing = report["summary"]["missing_power"]
+    assert report["verdict"] == "inconclusive" and report["exit_code"] == 3, (report["summary"], power)
+    assert missing and all(power[g]["smallest_detected"] is None for g in missing), (missing, power)
+    assert all(power[g]["smallest_detected"] is not None for g in power if g not in missing)
+    assert "INCONCLUSIVE" in report["summary"]["message"] and ", ".join(missing) in report["summary"]["message"]
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from wmcheck.checks.evidence import (
     EpisodeEvidence,
     GapEvidence,
     PooledEvidence,
+    PowerEvidence,
 )
 from wmcheck.datasets.errors import UserError
 
@@ -51,6 +52,7 @@ def evidence(
     corrected_clean=None,
     policy=None,
     not_checked=(),
+    power=None,
 ) -> CheckEvidence:
     gaps = {}
     for g in ("latency", "actuator", "sensor_noise", "dynamics", "visual"):
@@ -69,8 +71,47 @@ def evidence(
             DivergenceEvidence(episodes(0, unverifiable), PooledEvidence(dict(CALM))) if corrected_clean else div
         )
     dist = DistributionEvidence(0.001 if shifted else 0.5, coverage=coverage, min_coverage=min_coverage)
-    return CheckEvidence(div, gaps, dist, corrected, policy)
+    return CheckEvidence(div, gaps, dist, corrected, policy, power)
 
+
+ALL_POWER = ("latency", "actuator", "sensor_noise", "sensor_bias")
+
+
+def power(undetectable=(), reliable=True, measured=True, required=ALL_POWER) -> PowerEvidence:
+    detectable = {g: g not in undetectable for g in ALL_POWER} if measured else {}
+    return PowerEvidence(detectable, reliable, 6, tuple(required))
+
+
+POWER_CASES = [
+    ("R7 power on every type: pass", dict(power=power()), "pass", 0, (), "none"),
+    (
+        "R7 a required type undetectable: inconclusive, not pass",
+        dict(power=power(undetectable=("actuator",))),
+        "inconclusive",
+        3,
+        (),
+        "none",
+    ),
+    ("R7 power not measured: inconclusive", dict(power=power(measured=False)), "inconclusive", 3, (), "none"),
+    ("R7 unreliable control: inconclusive", dict(power=power(reliable=False)), "inconclusive", 3, (), "none"),
+    (
+        "R7 the gate narrows the required types: a partial pass",
+        dict(power=power(undetectable=("actuator",), required=("sensor_noise", "sensor_bias"))),
+        "pass",
+        0,
+        (),
+        "none",
+    ),
+    ("R7 never hides a failure", dict(divergent=1, power=power(measured=False)), "fail", 1, ("episodes",), "none"),
+    (
+        "R7 never turns unverifiable into inconclusive",
+        dict(unverifiable=1, power=power(measured=False)),
+        "unverifiable",
+        1,
+        (),
+        "none",
+    ),
+]
 
 CASES = [
     # (rule, evidence kwargs, verdict, exit code, failing reasons, top gap)
@@ -169,7 +210,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("rule,kwargs,verdict,code,failing,top", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "rule,kwargs,verdict,code,failing,top", CASES + POWER_CASES, ids=[c[0] for c in CASES + POWER_CASES]
+)
 def test_decision_rules(rule, kwargs, verdict, code, failing, top):
     dec = decide(evidence(**kwargs), LEVELS)
     assert (dec.verdict, dec.exit_code, dec.failing, dec.top_gap) == (verdict, code, failing, top), dec
@@ -179,6 +222,13 @@ def test_allow_unverifiable_changes_the_exit_code_not_the_verdict():
     dec = decide(evidence(unverifiable=1), LEVELS, allow_unverifiable=True)
     assert dec.verdict == "unverifiable" and dec.exit_code == 0
     assert decide(evidence(divergent=1), LEVELS, allow_unverifiable=True).exit_code == 1
+
+
+def test_inconclusive_lists_what_the_check_could_not_have_seen():
+    dec = decide(evidence(power=power(undetectable=("latency", "actuator"))), LEVELS)
+    assert dec.missing_power == ("latency", "actuator")
+    assert decide(evidence(power=power(measured=False)), LEVELS).missing_power == ALL_POWER
+    assert decide(evidence(power=power()), LEVELS).missing_power == ()
 
 
 def test_tolerated_pass_is_flagged_and_keeps_the_episode_verdicts_as_checked():

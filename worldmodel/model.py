@@ -238,6 +238,7 @@ class WorldModel(nn.Module):
             raise ValueError(f"openloop: context {context} must be in [1, T={T})")
         ctx = _Slice(seq, 0, context)
         _, last = self.observe(ctx, sample=sample)
+
         def rep(x):  # (B, ...) -> (N*B, ...)
             return x.repeat(samples, *([1] * (x.dim() - 1)))
 
