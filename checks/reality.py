@@ -55,6 +55,9 @@ class RealityProfile:
     """|command| <= deadband gives no effect; above it, the command minus the deadband."""
     actuator_saturation: Channels = None
     """The effect is clipped to +-saturation (None = only the action space's bounds)."""
+    process_noise_std: Channels = None
+    """Std of a random force added to the actuator's effect every step, in action units: the plant's
+    process noise (a deterministic simulator has none)."""
     sensor_bias: Channels = None
     """Added to every observation, in observation units."""
     sensor_noise_std: Channels = None
@@ -104,6 +107,7 @@ class RealityProfile:
             ("actuator_deadband", lambda x: x >= 0, ">= 0"),
             ("actuator_saturation", lambda x: x > 0, "> 0"),
             ("sensor_noise_std", lambda x: x >= 0, ">= 0"),
+            ("process_noise_std", lambda x: x >= 0, ">= 0"),
             ("visual_brightness", lambda x: x >= 0, ">= 0"),
             ("visual_colour", lambda x: x >= 0, ">= 0"),
             ("visual_blur", lambda x: x >= 0, ">= 0"),
@@ -155,6 +159,8 @@ class RealityProfile:
         ]
         if act:
             parts.append("actuator " + ", ".join(act))
+        if self.process_noise_std is not None:
+            parts.append(f"process noise std {_fmt(self.process_noise_std)}")
         sen = [
             f"{k} {_fmt(v)}"
             for k, v in (("bias", self.sensor_bias), ("noise std", self.sensor_noise_std))
@@ -208,7 +214,15 @@ def make_reality_env(
     try:
         p = profile
         env = PhysicsGap(env, **p.physics)
-        env = ActuatorGap(env, p.actuator_gain, p.actuator_offset, p.actuator_deadband, p.actuator_saturation)
+        env = ActuatorGap(
+            env,
+            p.actuator_gain,
+            p.actuator_offset,
+            p.actuator_deadband,
+            p.actuator_saturation,
+            p.process_noise_std,
+            seed=p.seed,
+        )
         env = ActionLatency(env, p.latency_steps)
         env = SensorGap(env, p.sensor_bias, p.sensor_noise_std, p.sensor_drift, seed=p.seed, drift=p.sensor_drift_mode)
         return VisualGap(env, p.visual_brightness, p.visual_colour, p.visual_blur, p.visual_noise_std, seed=p.seed)

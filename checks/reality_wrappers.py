@@ -28,6 +28,7 @@ from gymnasium import spaces
 from wmcheck.datasets.errors import UserError
 
 _SENSOR_RNG_TAG = 0x5E4502  # keeps the sensor noise stream apart from the env's own reset(seed) stream
+_PROCESS_RNG_TAG = 0x960CE5  # the process-noise stream, apart from the sensor's and the env's
 
 
 def _per_channel(value, shape, name: str, default: float) -> np.ndarray:
@@ -109,19 +110,31 @@ class ActuatorGap(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
         dead zone   a <- 0 if |a| <= deadband else a - sign(a) * deadband   (the continuous dead-zone
                     model of control texts: no jump at the edge, so a command of deadband + e gives e)
         gain/offset a <- gain * a + offset
+        process     a <- a + N(0, noise_std^2): a random force on the plant every step (process noise:
+                    what makes a real system's transitions random, which a deterministic simulator
+                    lacks); its own RNG, reseeded from (reset seed, `seed`) like SensorGap's
         saturation  a <- clip(a, -saturation, +saturation)
         space       a <- clip(a, low, high) of the action space, cast to its dtype.
 
-    None means "no such gap" (gain 1, offset 0, deadband 0, no saturation). Box actions only; with no
-    parameter given it is the identity on any space.
+    None means "no such gap" (gain 1, offset 0, deadband 0, no noise, no saturation). Box actions only;
+    with no parameter given it is the identity on any space.
     """
 
-    def __init__(self, env: gym.Env, gain=None, offset=None, deadband=None, saturation=None):
+    def __init__(
+        self,
+        env: gym.Env,
+        gain=None,
+        offset=None,
+        deadband=None,
+        saturation=None,
+        noise_std=None,
+        seed: int | None = None,
+    ):
         gym.utils.RecordConstructorArgs.__init__(
-            self, gain=gain, offset=offset, deadband=deadband, saturation=saturation
+            self, gain=gain, offset=offset, deadband=deadband, saturation=saturation, noise_std=noise_std, seed=seed
         )
         gym.ActionWrapper.__init__(self, env)
-        self.active = any(v is not None for v in (gain, offset, deadband, saturation))
+        self.active = any(v is not None for v in (gain, offset, deadband, saturation, noise_std))
         space = env.action_space
         if self.active and not isinstance(space, spaces.Box):
             raise UserError(
@@ -133,6 +146,11 @@ class ActuatorGap(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
         self.offset = _per_channel(offset, shape, "actuator offset", 0.0)
         self.deadband = _per_channel(deadband, shape, "actuator deadband", 0.0)
         self.saturation = _per_channel(saturation, shape, "actuator saturation", np.inf)
+        self.noise_std = _per_channel(noise_std, shape, "process noise std", 0.0)
+        self.seed = seed
+        self.rng = np.random.default_rng(None if seed is None else [_PROCESS_RNG_TAG, int(seed)])
+        if (self.noise_std < 0).any():
+            raise UserError(f"process noise std must be >= 0, got {noise_std!r}", "give it in action units, e.g. 0.1")
         if (self.deadband < 0).any() or (self.saturation <= 0).any():
             raise UserError(
                 f"actuator deadband must be >= 0 and saturation > 0, got {deadband!r} and {saturation!r}",
@@ -146,13 +164,19 @@ class ActuatorGap(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
         a = np.asarray(action, np.float64).reshape(space.shape)
         a = np.where(np.abs(a) <= self.deadband, 0.0, a - np.sign(a) * self.deadband)
         a = self.gain * a + self.offset
+        if (self.noise_std > 0).any():
+            a = a + self.rng.standard_normal(a.shape) * self.noise_std
         a = np.clip(a, -self.saturation, self.saturation)
         return np.clip(a, space.low, space.high).astype(space.dtype)
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
+        if seed is not None:
+            tail = [] if self.seed is None else [int(self.seed)]
+            self.rng = np.random.default_rng([_PROCESS_RNG_TAG, int(seed), *tail])
         params = {
             "gain": self.gain,
+            "process_noise_std": self.noise_std,
             "offset": self.offset,
             "deadband": self.deadband,
             "saturation": None if np.isinf(self.saturation).all() else self.saturation,

@@ -326,7 +326,30 @@ def message(
         parts.append(f"Top gap: {dec.top_gap} ({rows[dec.top_gap]['explanation']}).")
     elif dec.confounded:
         parts.append(f"The evidence does not separate {', '.join(dec.confounded)}: they are confounded.")
+    elif dec.verdict == "fail" and {"episodes", "pooled"} & set(dec.failing):
+        parts.append(unattributed_sentence(ev, rows))
     return " ".join(parts)
+
+
+def unattributed_sentence(ev: CheckEvidence, rows: dict) -> str:
+    """A failing run no gap test explains: say so, with the strongest evidence of each kind."""
+    pooled = {s: p for s, p in ev.divergence.pooled.p_values.items() if not math.isnan(p)}
+    strongest = min(pooled, key=pooled.get) if pooled else None
+    gaps = sorted(
+        ((g, r["evidence"]) for g, r in rows.items() if r.get("evidence") is not None and g != "distribution"),
+        key=lambda x: -x[1],
+    )[:2]
+    text = "Unattributed divergence: no gap test names a cause"
+    if strongest is not None:
+        text += f"; the strongest divergence evidence is the {strongest} score (pooled p = {pooled[strongest]:.3g})"
+    if gaps:
+        text += "; the gap tests come closest on " + ", ".join(
+            f"{g} (evidence {e:.2f}, 1 = significant)" for g, e in gaps
+        )
+    return (
+        text
+        + ". Look at the regimes and the worst blocks below; a physics or sensor difference the tests do not model is likely."
+    )
 
 
 def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:

@@ -1,35 +1,31 @@
-"""Detection benchmark: how often a check is right, on realities whose gaps we injected ourselves.
+"""Detection benchmark: how often a check is right, on checked simulators that look like the world's.
 
-For each system (Pendulum-v1; HalfCheetah-v5 in the gpu config):
-  1. the "reality" is the simulator plus a `RealityProfile` with a few gaps (latency, actuator gain,
-     a physical parameter, sensor noise); real logs are recorded from it under an exciting
-     behaviour policy (random commands held K steps), a world model is trained on them and
-     calibrated on its held-out episodes (`wmcheck.training.run.train`, `checks.calibration.calibrate`);
-  2. simulators are checked against it with `wmcheck.checks.check.run_check`:
-     (a) faithful controls: the reality's own profile, new episode and sensor-noise seeds;
-     (b) the nominal simulator: no gaps at all (it differs from reality by every gap of the profile);
-     (c) single-gap variants: the reality's profile with one gap made larger, four severities per
-         gap type: latency (+steps), actuator (reality's gain / size: commands lose effect),
-         sensor noise (independent noise of size x each channel's training std on top of reality's)
-         and dynamics (a physical parameter scaled by 1 + size). Latency, actuator and sensor-noise
-         sizes are those of calibration's power table, so its predicted detection probability can
-         be set against the measured detection rate;
-     (d) a simple controller's closed-loop rollouts in the faithful simulator;
-  3. on the same checked logs the two baselines of `checks.baselines` run against the held-out real
-     episodes: a block MMD two-sample test on visited states, and a one-step MLP ensemble's residual
-     rank test (fitted once on the training episodes).
+For each system (Pendulum-v1 in the cpu config; HalfCheetah-v5 and Pusher-v5 too in the gpu config):
+  1. the "reality" is the simulator plus a `RealityProfile`: sensor noise, process noise (a random
+     force every step), latency, an actuator gain and a physical parameter; real logs are recorded
+     from it under an exciting behaviour policy (random commands held K steps), a world model is
+     trained on them and calibrated on its held-out episodes;
+  2. the checked simulators come in four families (scripts/bench_families.py): deterministic
+     simulators (noise-free, as engineering simulators are: the reality's twin, with biased physics,
+     missing latency, the nominal env), perturbations of reality (one gap made larger, graded sizes),
+     faithful controls under other conditions (the logs' policy, other excitation, a closed-loop
+     controller, few and many episodes), and simulators whose episodes end early; each row has its
+     ground truth (the gap types it truly has);
+  3. on the same checked logs three baselines run against the held-out real episodes with
+     episode-level tests: a linear ARX one-step residual detector (two-sided), a block MMD
+     two-sample test on visited states, and a one-step MLP ensemble's residual rank test.
 
-A check "flags" a simulator when its verdict is not `pass` (exit code 1 under the default gate:
-`fail` or `unverifiable`); baselines flag at p < alpha. Reported per gap type and severity: detection
-rate, AUROC of `summary.score` (and of the baselines' scores) against the faithful controls (rank
-based, no point adjustment), attribution accuracy (`summary.top_gap` is the injected gap type),
-estimate error where the report has an estimate in the gap's units, calibration's predicted
-detection probability vs the measured rate; for the controls, the false-alarm rate with its Wilson
-95% interval.
+A check "flags" a simulator when its verdict is `fail` or `unverifiable` (`inconclusive`, no pass
+without power, is counted apart; a check that cannot run, e.g. episodes shorter than a block, is
+recorded as `error`); baselines flag at p < alpha. Reported per family and row: detection rate,
+AUROC of `summary.score` (and of the baselines' scores) against all faithful controls, attribution
+(`summary.top_gap` is one of the row's true gaps), the sensor-noise row of noise-free simulators,
+estimate errors, calibration's predicted power vs the measured rate; for the controls, the
+false-alarm rate per condition with its Wilson 95% interval.
 
-    .venv/bin/python scripts/bench_detection.py                    # cpu config (~30 min, 1 thread)
-    .venv/bin/python scripts/bench_detection.py --config gpu         # GPU machine: trains on cuda, 14 check workers
-    .venv/bin/python scripts/bench_detection.py --quick            # a smoke test of the script (~1 min)
+    .venv/bin/python scripts/bench_detection.py                    # cpu config (~45 min, 1 thread)
+    .venv/bin/python scripts/bench_detection.py --config gpu         # GPU machine: trains on cuda, check workers
+    .venv/bin/python scripts/bench_detection.py --quick            # a smoke test of the script (~2 min)
 
 Writes OUT/bench_detection.json and OUT/bench_detection.md (atomically); logs, runs and checked
 rollouts go to OUT/work/<system>/ (`--reuse` keeps a trained, calibrated run).
@@ -46,29 +42,39 @@ import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from wmcheck.checks.baselines import MLPBaseline, mmd_baseline
-from wmcheck.checks.calibration import POWER_SIZES, calibrate
+from wmcheck.checks.baselines import ARXBaseline, MLPBaseline, mmd_baseline
+from wmcheck.checks.calibration import calibrate
 from wmcheck.checks.check import run_check
 from wmcheck.checks.config import CheckConfig
 from wmcheck.checks.reality import RealityProfile, reality_env_args
 from wmcheck.checks.stats import rank_auc
 from wmcheck.datasets.episode import LogMeta
+from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log, write_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import Recorder
 from wmcheck.datasets.split import split_episodes
+from wmcheck.scripts.bench_families import (
+    HALFCHEETAH,
+    PENDULUM,
+    PUSHER,
+    CheckJob,
+    SystemSpec,
+    jobs_for,
+    make_policy,
+    quick,
+)
 from wmcheck.scripts.bench_report import finish, machine_info, write_results
 from wmcheck.training.checkpoint import load_model
 from wmcheck.training.config import TrainConfig
 from wmcheck.training.run import build_run_config, train
 
-BENCH_VERSION = 1
+BENCH_VERSION = 2  # 2: families (deterministic, perturbation, control conditions, ending), ARX baseline
 GAP_TYPES = ("latency", "actuator", "sensor_noise", "dynamics")  # the report's gap names
 UNITS = {
     "latency": "extra steps",
@@ -77,106 +83,6 @@ UNITS = {
     "dynamics": "parameter x (1 + size)",
 }
 
-
-# ---- controllers for the policy checks (d) ---------------------------------------------------------
-
-
-def pendulum_pd(obs) -> np.ndarray:
-    """PD torque towards upright, saturated at Pendulum's 2 N m (it cannot lift from the bottom in
-    one go: it pumps and falls back, a closed-loop behaviour unlike the random logs)."""
-    theta = math.atan2(float(obs[1]), float(obs[0]))
-    return np.array([np.clip(-6.0 * theta - 1.5 * float(obs[2]), -2.0, 2.0)], np.float32)
-
-
-class CheetahGait:
-    """An open-loop sinusoidal gait (period 20 steps, back/front legs in antiphase) with damping on
-    the joint velocities: a simple, deterministic controller for HalfCheetah."""
-
-    def __init__(self):
-        self.t = 0
-        self.phase = np.array([0.0, 0.5, 1.0, math.pi, math.pi + 0.5, math.pi + 1.0])
-
-    def reset(self, seed: int) -> None:
-        self.t = 0
-
-    def __call__(self, obs) -> np.ndarray:
-        a = 0.7 * np.sin(2 * math.pi * self.t / 20 + self.phase) - 0.05 * np.asarray(obs[11:17], float)
-        self.t += 1
-        return np.clip(a, -1, 1).astype(np.float32)
-
-
-CONTROLLERS = {"pendulum_pd": lambda: pendulum_pd, "cheetah_gait": CheetahGait}
-
-
-# ---- what a system's benchmark does ----------------------------------------------------------------
-
-
-@dataclass
-class SystemSpec:
-    """One system: its reality, real logs, world model and how many checks of each kind."""
-
-    name: str
-    env_id: str
-    reality: dict  # RealityProfile fields: the real system relative to the nominal simulator
-    dynamics_param: str  # physical parameter the dynamics variants scale
-    dynamics_sizes: tuple[float, ...]  # relative changes (scale 1 + size, on top of reality's)
-    controller: str  # key of CONTROLLERS
-    episodes: int = 48  # real episodes (train + held out)
-    max_steps: int = 200
-    policy: str = "hold:5"  # exciting behaviour policy of the real logs and the checked simulators
-    preset: str = "debug"
-    steps: int = 3000
-    batch_size: int = 32
-    seq_len: int = 32
-    lr: float = 1e-3
-    warmup: int = 100
-    val_fraction: float = 0.3  # 48 episodes: 16 held out, 24 blocks per power half
-    check_episodes: int = 6  # episodes per checked simulator
-    controls: int = 10  # faithful simulators (new seeds)
-    reps: int = 1  # checks per gap type and severity
-    policy_checks: int = 1
-    sizes: dict = field(
-        default_factory=lambda: {g: tuple(POWER_SIZES[g]) for g in ("latency", "actuator", "sensor_noise")}
-    )
-
-    def gap_sizes(self) -> dict[str, tuple]:
-        return {**{g: tuple(s) for g, s in self.sizes.items()}, "dynamics": tuple(self.dynamics_sizes)}
-
-
-PENDULUM = SystemSpec(
-    "pendulum",
-    "Pendulum-v1",
-    reality={"latency_steps": 1, "actuator_gain": 0.85, "sensor_noise_std": 0.01, "physics": {"m": {"scale": 1.2}}},
-    # Gravity, not mass: Pendulum-v1's mass only divides the torque term, so a mass change is an
-    # actuator gain in disguise (a first run with m measured exactly that); g acts on the unforced motion.
-    dynamics_param="g",
-    dynamics_sizes=(0.05, 0.1, 0.25, 0.5),
-    controller="pendulum_pd",
-    check_episodes=8,
-    controls=20,
-    reps=3,
-    policy_checks=2,
-)
-HALFCHEETAH = SystemSpec(
-    "halfcheetah",
-    "HalfCheetah-v5",
-    reality={
-        "latency_steps": 1,
-        "actuator_gain": 0.9,
-        "sensor_noise_std": 0.01,
-        "physics": {"dof_damping": {"scale": 1.3}},
-    },
-    dynamics_param="dof_damping",
-    dynamics_sizes=(0.25, 0.5, 1.0, 2.0),
-    controller="cheetah_gait",
-    episodes=60,
-    max_steps=400,
-    preset="size1m",
-    steps=3000,
-    batch_size=16,
-    seq_len=64,
-    check_episodes=4,
-)
 
 # Check geometry: the defaults, with coarser attribution grids (each still holds the identity and
 # the sizes injected here) so a check costs ~20-40 s on one CPU thread.
@@ -188,75 +94,30 @@ CHECK_CONFIG = CheckConfig(
 )
 
 CONFIGS = {
-    # 2-core CPU, 1 thread, < 30 min: Pendulum only (HalfCheetah's larger model and longer episodes
-    # do not fit next to it; run `--systems halfcheetah` separately or the gpu config).
+    # 2-core CPU, 1 thread, ~45 min: Pendulum only (HalfCheetah's and Pusher's larger models and
+    # longer episodes do not fit next to it; run `--systems halfcheetah` separately or the gpu config).
     "cpu": {"pendulum": PENDULUM},
     # GPU machine (training on the GPU, checks on CPU worker processes): both systems, more seeds.
     # Not yet run on a GPU (no device in the session that wrote it): sized by the CPU timings
     # (~10 s per Pendulum check on one thread, 14 workers) to stay well inside 10 minutes.
     "gpu": {
         "pendulum": dataclasses.replace(
-            PENDULUM, episodes=60, preset="size1m", steps=3000, controls=40, reps=6, policy_checks=4
+            PENDULUM,
+            episodes=60,
+            preset="size1m",
+            steps=3000,
+            controls=30,
+            other_controls=6,
+            reps=4,
+            deterministic_reps=4,
+            ending_reps=2,
         ),
-        "halfcheetah": dataclasses.replace(HALFCHEETAH, steps=2500, controls=20, reps=3, policy_checks=2),
+        "halfcheetah": dataclasses.replace(
+            HALFCHEETAH, steps=2500, controls=16, other_controls=4, reps=2, deterministic_reps=3
+        ),
+        "pusher": dataclasses.replace(PUSHER, steps=2500, controls=16, other_controls=4, reps=2, deterministic_reps=3),
     },
 }
-
-
-def quick(spec: SystemSpec) -> SystemSpec:
-    """A ~1-minute version (smoke test): tiny logs and model, one severity per gap type."""
-    # 14 held-out episodes of 200 steps: 21 blocks per power half and 12 per check, enough for the
-    # rank tests' normal approximation (with < 12 blocks their Monte-Carlo permutation version makes
-    # the power table of every check cost over a minute).
-    return dataclasses.replace(
-        spec,
-        episodes=20,
-        max_steps=200,
-        preset="debug",
-        steps=30,
-        batch_size=8,
-        seq_len=16,
-        warmup=5,
-        val_fraction=0.6,
-        check_episodes=4,
-        controls=2,
-        reps=1,
-        policy_checks=1,
-        sizes={g: (s[-1],) for g, s in spec.sizes.items()},
-        dynamics_sizes=spec.dynamics_sizes[-1:],
-    )
-
-
-# ---- simulators ------------------------------------------------------------------------------------
-
-
-def _scaled(value, factor):
-    """A per-channel value (None = 1, number or list) times `factor`."""
-    if value is None:
-        value = 1.0
-    return [v * factor for v in value] if isinstance(value, list) else value * factor
-
-
-def variant(reality: RealityProfile, gap: str, size: float, obs_std: np.ndarray, param: str) -> RealityProfile:
-    """The reality's profile with one gap made larger by `size` (see the module docstring)."""
-    r = reality
-    if gap == "latency":
-        kw = {"latency_steps": r.latency_steps + int(size)}
-    elif gap == "actuator":
-        kw = {"actuator_gain": _scaled(r.actuator_gain, 1.0 / size)}
-    elif gap == "sensor_noise":
-        base = np.broadcast_to(
-            np.asarray(0.0 if r.sensor_noise_std is None else r.sensor_noise_std, float), obs_std.shape
-        )
-        kw = {"sensor_noise_std": np.sqrt(base**2 + (size * obs_std) ** 2).tolist()}  # independent noise adds variances
-    elif gap == "dynamics":
-        physics = dict(r.physics)
-        old = physics.get(param, {"scale": 1.0})
-        physics[param] = {"scale": _scaled(old["scale"], 1.0 + size)}
-        kw = {"physics": physics}
-    else:
-        raise ValueError(f"unknown gap {gap!r}")
-    return dataclasses.replace(r, **kw, name=f"{gap}={size:g}")
 
 
 def record(
@@ -273,29 +134,11 @@ def record(
 # ---- one check (runs in a worker process when --workers > 1) -------------------------------------------
 
 
-@dataclass
-class CheckJob:
-    """One checked simulator: how to record it and what it truly differs in."""
-
-    system: str
-    group: str  # control | nominal | gap | policy
-    name: str
-    profile: dict
-    policy: str  # a behaviour policy spec, or "controller:<key>"
-    seed: int
-    gap: str | None = None
-    size: float | None = None
-
-
-def _policy(spec: str):
-    return CONTROLLERS[spec.split(":", 1)[1]]() if spec.startswith("controller:") else spec
-
-
 _BASELINE_CACHE: dict = {}
 
 
 def _baselines(run_dir: Path, log_path: Path):
-    """(norm, held-out real episodes, fitted MLP baseline) for a run, built once per process."""
+    """(norm, held-out real episodes, fitted MLP and ARX baselines) for a run, built once per process."""
     key = str(run_dir)
     if key not in _BASELINE_CACHE:
         bundle = load_model(run_dir)
@@ -305,7 +148,12 @@ def _baselines(run_dir: Path, log_path: Path):
             train_ids, val_ids = split_episodes(log.episode_ids, t["val_fraction"], t["seed"])
             tr, held = list(log.episodes(train_ids)), list(log.episodes(val_ids))
         block = CHECK_CONFIG.context + CHECK_CONFIG.horizon
-        _BASELINE_CACHE[key] = (norm, held, MLPBaseline(tr, held, norm, block=block, seed=0))
+        _BASELINE_CACHE[key] = (
+            norm,
+            held,
+            MLPBaseline(tr, held, norm, block=block, seed=0),
+            ARXBaseline(tr, held, norm, block=block),
+        )
     return _BASELINE_CACHE[key]
 
 
@@ -317,43 +165,63 @@ def run_one(job: CheckJob, spec: SystemSpec, run_dir: Path, log_path: Path, work
     record(
         spec.env_id,
         RealityProfile.from_dict(job.profile),
-        _policy(job.policy),
-        spec.check_episodes,
-        spec.max_steps,
+        make_policy(job.policy),
+        job.episodes or spec.check_episodes,
+        job.max_steps or spec.max_steps,
         job.seed,
         path,
-        "policy" if job.group == "policy" else "sim",
+        "policy" if job.policy.startswith("controller:") else "sim",
     )
-    report = run_check(run_dir, path, seed=job.seed)
-    norm, held, mlp = _baselines(run_dir, log_path)
+    norm, held, mlp, arx = _baselines(run_dir, log_path)
     with open_log(path) as log:
         checked = list(log)
-    alpha = report["summary"]["alpha"]
-    mmd = mmd_baseline(held, checked, norm, block=CHECK_CONFIG.context + CHECK_CONFIG.horizon, seed=job.seed)
-    mlp_r = mlp.test(checked)
-    s = report["summary"]
-    gaps = report["gaps"]
-    out = {
-        **dataclasses.asdict(job),
-        "verdict": report["verdict"],
-        # a flag is a finding (fail or unverifiable); inconclusive (no power) is neither a pass nor a finding
-        "flagged": report["verdict"] in ("fail", "unverifiable"),
-        "score": s["score"],
-        "top_gap": s["top_gap"],
-        "confounded": s["confounded"],
-        "present": sorted(g for g, e in gaps.items() if e["verdict"] in ("present", "tolerated")),
-        "episodes": {k: s[k] for k in ("episodes", "consistent", "divergent", "unverifiable")},
-        "blocks": s["blocks"],
-        "competent_blocks": s["competent_blocks"],
-        "estimates": {
-            g: gaps[g]["estimate"] for g in ("latency", "actuator", "sensor_noise") if gaps[g].get("estimate")
-        },
-        "baselines": {
-            "mmd": {"p": mmd.p_value, "score": mmd.score, "flagged": bool(mmd.p_value < alpha)},
-            "mlp": {"p": mlp_r.p_value, "score": mlp_r.score, "flagged": bool(mlp_r.p_value < alpha)},
-        },
-        "seconds": round(time.perf_counter() - t0, 1),
-    }
+    alpha = CHECK_CONFIG.alpha
+    block = CHECK_CONFIG.context + CHECK_CONFIG.horizon
+    if any(e.num_steps >= block for e in checked):
+        base = {
+            "mmd": mmd_baseline(held, checked, norm, block=block, seed=job.seed),
+            "mlp": mlp.test(checked),
+            "arx": arx.test(checked),
+        }
+        baselines = {k: {"p": r.p_value, "score": r.score, "flagged": bool(r.p_value < alpha)} for k, r in base.items()}
+    else:  # no episode holds a block: the baselines, like the check, have nothing to test
+        baselines = {k: {"p": None, "score": None, "flagged": False} for k in BASELINES}
+    out = {**dataclasses.asdict(job), "baselines": baselines}
+    try:
+        report = run_check(run_dir, path, seed=job.seed)
+    except UserError as exc:  # e.g. episodes shorter than a block: no verdict at all
+        out.update(
+            verdict="error",
+            flagged=False,
+            error=exc.problem,
+            score=None,
+            top_gap="none",
+            present=[],
+            seconds=round(time.perf_counter() - t0, 1),
+        )
+        path.unlink()
+        return out
+    s, gaps = report["summary"], report["gaps"]
+    out.update(
+        {
+            "verdict": report["verdict"],
+            # a flag is a finding (fail or unverifiable); inconclusive (no power) is neither a pass nor a finding
+            "flagged": report["verdict"] in ("fail", "unverifiable"),
+            "score": s["score"],
+            "top_gap": s["top_gap"],
+            "confounded": s["confounded"],
+            "present": sorted(g for g, e in gaps.items() if e["verdict"] in ("present", "tolerated")),
+            "failing": s.get("failing", []),
+            "missing_power": s.get("missing_power", []),
+            "episodes": {k: s[k] for k in ("episodes", "consistent", "divergent", "unverifiable")},
+            "blocks": s["blocks"],
+            "competent_blocks": s["competent_blocks"],
+            "estimates": {
+                g: gaps[g]["estimate"] for g in ("latency", "actuator", "sensor_noise") if gaps[g].get("estimate")
+            },
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+    )
     power = report["power"]["gaps"]
     if job.gap in power and job.size in [float(x) for x in power[job.gap]["sizes"]]:
         i = [float(x) for x in power[job.gap]["sizes"]].index(job.size)
@@ -401,125 +269,218 @@ def estimate_error(gap: str, size: float, est: dict | None) -> dict | None:
     return None
 
 
-def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
-    controls = [r for r in results if r["group"] == "control"]
-    ctrl_scores = {
-        "wmcheck": [r["score"] for r in controls],
-        **{b: [r["baselines"][b]["score"] for r in controls] for b in ("mmd", "mlp")},
+BASELINES = ("arx", "mmd", "mlp")
+
+
+def _rate(rows, key=lambda r: r["flagged"]) -> dict:
+    k = sum(bool(key(r)) for r in rows)
+    return {"n": len(rows), "k": k, "rate": k / len(rows) if rows else None, "ci95": wilson(k, len(rows))}
+
+
+def _auroc(rows, controls, score) -> float | None:
+    x = [score(r) for r in rows if score(r) is not None]
+    y = [score(r) for r in controls if score(r) is not None]
+    return rank_auc(x, y) if x and y else None
+
+
+def _row_stats(rows: list[dict], controls: list[dict]) -> dict:
+    """Detection, AUROC against the controls and attribution of rows sharing a truth, with baselines."""
+    return {
+        "n": len(rows),
+        "truth": list(rows[0]["truth"]) if rows else [],
+        "verdicts": [r["verdict"] for r in rows],
+        "detection": _rate(rows),
+        "auroc": _auroc(rows, controls, lambda r: r["score"]),
+        "attribution": _rate(rows, lambda r: r["top_gap"] in r["truth"]),
+        "sensor_noise_row": _rate(rows, lambda r: "sensor_noise" in r["present"]),
+        "top_gaps": [r["top_gap"] for r in rows],
+        "baselines": {
+            b: {
+                "detection": _rate(rows, lambda r, b=b: r["baselines"][b]["flagged"]),
+                "auroc": _auroc(rows, controls, lambda r, b=b: r["baselines"][b]["score"]),
+            }
+            for b in BASELINES
+        },
     }
 
-    def rate(rows, key=lambda r: r["flagged"]):
-        k = sum(bool(key(r)) for r in rows)
-        return {"n": len(rows), "k": k, "rate": k / len(rows) if rows else None, "ci95": wilson(k, len(rows))}
 
+def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
+    controls = [r for r in results if r["family"] == "control"]
+    conditions = list(dict.fromkeys(r["condition"] for r in controls))
     summary = {
         "false_alarms": {
-            "wmcheck": rate(controls),
-            "wmcheck_fail_only": rate(controls, lambda r: r["verdict"] == "fail"),
-            "wmcheck_inconclusive": rate(controls, lambda r: r["verdict"] == "inconclusive"),
-            **{b: rate(controls, lambda r, b=b: r["baselines"][b]["flagged"]) for b in ("mmd", "mlp")},
+            "wmcheck": _rate(controls),
+            "wmcheck_fail_only": _rate(controls, lambda r: r["verdict"] == "fail"),
+            "wmcheck_inconclusive": _rate(controls, lambda r: r["verdict"] == "inconclusive"),
+            **{b: _rate(controls, lambda r, b=b: r["baselines"][b]["flagged"]) for b in BASELINES},
+            "by_condition": {
+                c: {
+                    "wmcheck": _rate([r for r in controls if r["condition"] == c]),
+                    "verdicts": [r["verdict"] for r in controls if r["condition"] == c],
+                    **{
+                        b: _rate(
+                            [r for r in controls if r["condition"] == c], lambda r, b=b: r["baselines"][b]["flagged"]
+                        )
+                        for b in BASELINES
+                    },
+                }
+                for c in conditions
+            },
         },
+        "deterministic": [],
         "cells": [],
+        "endings": [],
     }
+    det = [r for r in results if r["family"] == "deterministic"]
+    for cond in dict.fromkeys(r["condition"] for r in det):
+        summary["deterministic"].append(
+            {"row": cond, **_row_stats([r for r in det if r["condition"] == cond], controls)}
+        )
     for gap, sizes in spec.gap_sizes().items():
         for size in sizes:
-            rows = [r for r in results if r["group"] == "gap" and r["gap"] == gap and r["size"] == float(size)]
+            rows = [
+                r for r in results if r["family"] == "perturbation" and r["gap"] == gap and r["size"] == float(size)
+            ]
             if not rows:
                 continue
-            errs = [estimate_error(gap, size, r["estimates"].get(gap)) for r in rows]
+            errs = [estimate_error(gap, size, (r.get("estimates") or {}).get(gap)) for r in rows]
             abs_errs = [e["abs_error"] for e in errs if e and e.get("abs_error") is not None]
             pred = [r["power_predicted"] for r in rows if r.get("power_predicted") is not None]
             cell = {
                 "gap": gap,
                 "size": float(size),
                 "units": UNITS[gap],
-                "n": len(rows),
-                "detection": rate(rows),
-                "auroc": rank_auc([r["score"] for r in rows], ctrl_scores["wmcheck"]) if controls else None,
-                "attribution": rate(rows, lambda r, gap=gap: r["top_gap"] == gap),
-                "attribution_among_detected": rate(
-                    [r for r in rows if r["flagged"]], lambda r, gap=gap: r["top_gap"] == gap
-                ),
-                "top_gaps": [r["top_gap"] for r in rows],
+                **_row_stats(rows, controls),
                 "estimate_mean_abs_error": _mean(abs_errs),
                 "estimates": [e for e in errs if e],
                 "power_predicted": _mean(pred),
-                "power_gap": (abs(_mean(pred) - rate(rows)["rate"]) if pred else None),
-                "baselines": {
-                    b: {
-                        "detection": rate(rows, lambda r, b=b: r["baselines"][b]["flagged"]),
-                        "auroc": rank_auc([r["baselines"][b]["score"] for r in rows], ctrl_scores[b])
-                        if controls
-                        else None,
-                    }
-                    for b in ("mmd", "mlp")
-                },
+                "power_gap": (abs(_mean(pred) - _rate(rows)["rate"]) if pred else None),
             }
-            if gap == "sensor_noise":
-                cell["noise_ratio_estimates"] = [
-                    r["estimates"].get("sensor_noise", {}).get("noise_ratio") for r in rows
-                ]
             summary["cells"].append(cell)
+    ends = [r for r in results if r["family"] == "ending"]
+    for cond in dict.fromkeys(r["condition"] for r in ends):
+        rows = [r for r in ends if r["condition"] == cond]
+        summary["endings"].append(
+            {
+                "row": cond,
+                "verdicts": [r["verdict"] for r in rows],
+                "errors": [r.get("error") for r in rows if r["verdict"] == "error"],
+                "got_a_verdict": _rate(rows, lambda r: r["verdict"] != "error"),
+                **_row_stats(rows, controls),
+            }
+        )
     summary["targets"] = targets(spec, summary, alpha)
     return summary
 
 
+def _target(text: str, measured: str, met: bool) -> dict:
+    return {"target": text, "measured": measured, "met": bool(met)}
+
+
 def targets(spec: SystemSpec, summary: dict, alpha: float) -> list[dict]:
-    """The issue's targets, each with the measured figure and met / missed."""
+    """The issues' targets (13, 14), each with the measured figure and met / missed."""
     out = []
-    fa = summary["false_alarms"]["wmcheck"]
-    if fa["n"]:
-        # "<= alpha plus sampling error": alpha inside (or above) the Wilson interval of the rate
+    fa = summary["false_alarms"]
+    w = fa["wmcheck"]
+    if w["n"]:  # "<= alpha plus sampling error": alpha inside (or above) the Wilson interval of the rate
         out.append(
-            {
-                "target": f"false-alarm rate on faithful controls <= {alpha} (+ sampling error)",
-                "measured": f"{fa['k']}/{fa['n']} = {fa['rate']:.2f}, 95% CI [{fa['ci95'][0]:.2f}, {fa['ci95'][1]:.2f}]",
-                "met": bool(fa["ci95"][0] <= alpha),
-            }
-        )
-    sizes = spec.gap_sizes()
-    for gap in GAP_TYPES:
-        cells = [c for c in summary["cells"] if c["gap"] == gap]
-        if not cells:
-            continue
-        big = max(cells, key=lambda c: c["size"])
-        small = min(cells, key=lambda c: c["size"])
-        out.append(
-            {
-                "target": f"{gap} at the largest size ({big['size']:g}) detected in >= 95% of checks",
-                "measured": f"{big['detection']['k']}/{big['n']}",
-                "met": bool(big["detection"]["rate"] >= 0.95),
-            }
+            _target(
+                f"false-alarm rate over all faithful controls <= {alpha} (+ sampling error)",
+                f"{w['k']}/{w['n']} = {w['rate']:.2f}, 95% CI [{w['ci95'][0]:.2f}, {w['ci95'][1]:.2f}]",
+                w["ci95"][0] <= alpha,
+            )
         )
         out.append(
-            {
-                "target": f"{gap} at the largest size attributed correctly in >= 90% of checks",
-                "measured": f"{big['attribution']['k']}/{big['n']}",
-                "met": bool(big["attribution"]["rate"] >= 0.9),
-            }
+            _target(
+                "no faithful control is `fail`",
+                f"{fa['wmcheck_fail_only']['k']}/{w['n']} fail",
+                fa["wmcheck_fail_only"]["k"] == 0,
+            )
         )
-        if small["auroc"] is not None and len(sizes[gap]) > 0:
-            base = max(
-                v for v in (small["baselines"]["mmd"]["auroc"], small["baselines"]["mlp"]["auroc"]) if v is not None
+        for c, v in fa["by_condition"].items():
+            r = v["wmcheck"]
+            out.append(
+                _target(
+                    f"faithful controls ({c}): false alarms <= {alpha} (+ sampling error)",
+                    f"{r['k']}/{r['n']}",
+                    r["ci95"][0] <= alpha,
+                )
+            )
+    det = summary["deterministic"]
+    if det:
+        biased = [d for d in det if d["row"].startswith("physics")]
+        if biased:
+            mid = biased[len(biased) // 2]
+            out.append(
+                _target(
+                    f"deterministic biased simulator ({mid['row']}, the middle size) detected >= 95%",
+                    f"{mid['detection']['k']}/{mid['n']}",
+                    (mid["detection"]["rate"] or 0) >= 0.95,
+                )
             )
             out.append(
-                {
-                    "target": f"{gap} at the smallest size ({small['size']:g}): wmcheck AUROC >= the baselines'",
-                    "measured": f"{small['auroc']:.2f} vs {base:.2f} (best baseline)",
-                    "met": bool(small["auroc"] >= base),
-                }
+                _target(
+                    f"deterministic biased simulator ({mid['row']}) attributed to one of its gaps >= 90%",
+                    f"{mid['attribution']['k']}/{mid['n']}",
+                    (mid["attribution"]["rate"] or 0) >= 0.9,
+                )
+            )
+        twin = next((d for d in det if d["row"] == "twin"), None)
+        if twin:
+            out.append(
+                _target(
+                    "a noise-free twin of reality gets a sensor-noise (too smooth) row",
+                    f"{twin['sensor_noise_row']['k']}/{twin['n']}",
+                    (twin["sensor_noise_row"]["rate"] or 0) >= 0.9,
+                )
+            )
+    for e in summary["endings"]:
+        out.append(
+            _target(
+                f"early-ending simulator ({e['row']}) gets a verdict, not exit 2",
+                f"{e['got_a_verdict']['k']}/{e['n']}",
+                e["got_a_verdict"]["rate"] == 1.0,
+            )
+        )
+    rows = [(f"{c['gap']}={c['size']:g}", c) for c in summary["cells"]] + [
+        (f"deterministic {d['row']}", d) for d in det
+    ]
+    lost = [
+        n
+        for n, c in rows
+        if c["auroc"] is not None
+        and c["baselines"]["arx"]["auroc"] is not None
+        and c["auroc"] < c["baselines"]["arx"]["auroc"]
+    ]
+    out.append(
+        _target(
+            "wmcheck AUROC >= the linear ARX baseline's on every row",
+            f"below ARX on {len(lost)}/{len(rows)} rows" + (f": {', '.join(lost)}" if lost else ""),
+            not lost,
+        )
+    )
+    for gap in GAP_TYPES:
+        cells = [c for c in summary["cells"] if c["gap"] == gap]
+        if cells:
+            big = max(cells, key=lambda c: c["size"])
+            out.append(
+                _target(
+                    f"perturbation {gap} at the largest size ({big['size']:g}) detected >= 95%",
+                    f"{big['detection']['k']}/{big['n']}",
+                    (big["detection"]["rate"] or 0) >= 0.95,
+                )
             )
     gaps_pw = [c for c in summary["cells"] if c["power_predicted"] is not None]
     if gaps_pw:
         worst = max(gaps_pw, key=lambda c: c["power_gap"])
         out.append(
-            {
-                "target": "predicted power within 0.1 of the measured detection rate",
-                "measured": f"{sum(c['power_gap'] <= 0.1 for c in gaps_pw)}/{len(gaps_pw)} cells within 0.1; "
-                f"worst {worst['gap']}={worst['size']:g}: predicted {worst['power_predicted']:.2f}, "
-                f"measured {worst['detection']['rate']:.2f}",
-                "met": bool(all(c["power_gap"] <= 0.1 for c in gaps_pw)),
-            }
+            _target(
+                "predicted power within 0.1 of the measured detection rate",
+                f"{sum(c['power_gap'] <= 0.1 for c in gaps_pw)}/{len(gaps_pw)} cells within 0.1; worst "
+                f"{worst['gap']}={worst['size']:g}: predicted {worst['power_predicted']:.2f}, measured "
+                f"{worst['detection']['rate']:.2f}",
+                all(c["power_gap"] <= 0.1 for c in gaps_pw),
+            )
         )
     return out
 
@@ -531,49 +492,82 @@ def _f(x, fmt="{:.2f}") -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
-def _rate(r: dict) -> str:
+def _r(r: dict) -> str:
     return "–" if not r["n"] else f"{r['rate']:.2f} ({r['k']}/{r['n']})"
+
+
+def _base_cols(c: dict) -> str:
+    return " | ".join(
+        f"{_f(c['baselines'][b]['detection']['rate'])} / {_f(c['baselines'][b]['auroc'])}" for b in BASELINES
+    )
 
 
 def system_markdown(s: dict) -> str:
     spec, summ = s["spec"], s["summary"]
     fa = summ["false_alarms"]
+    head = "| detected | AUROC | attributed | sensor-noise row | " + " | ".join(
+        f"{b.upper()} det. / AUROC" for b in BASELINES
+    )
     lines = [
         f"### {spec['name']}: {spec['env_id']}",
         "",
         f"Reality: {s['reality']}. Real logs: {spec['episodes']} episodes x {spec['max_steps']} steps under "
         f"{spec['policy']}; world model {spec['preset']}, {spec['steps']} steps (train {s['seconds']['train']:.0f} s, "
         f"calibration {s['seconds']['calibrate']:.0f} s on {s['calibration_blocks']} held-out blocks); "
-        f"{spec['check_episodes']} episodes per checked simulator; {len(s['checks'])} checks "
+        f"{spec['check_episodes']} episodes per checked simulator unless stated; {len(s['checks'])} checks "
         f"({s['seconds']['checks']:.0f} s).",
         "",
-        f"Faithful controls: false alarms {_rate(fa['wmcheck'])}, Wilson 95% CI "
-        f"[{_f(fa['wmcheck']['ci95'][0])}, {_f(fa['wmcheck']['ci95'][1])}] (of them `fail`: {fa['wmcheck_fail_only']['k']}); "
-        f"MMD baseline {_rate(fa['mmd'])}, MLP baseline {_rate(fa['mlp'])}.",
+        "**Faithful controls** (the reality's full profile, fresh seeds): false alarms "
+        f"{_r(fa['wmcheck'])}, Wilson 95% CI [{_f(fa['wmcheck']['ci95'][0])}, {_f(fa['wmcheck']['ci95'][1])}] "
+        f"(`fail` {fa['wmcheck_fail_only']['k']}, `inconclusive` {fa['wmcheck_inconclusive']['k']}); "
+        + ", ".join(f"{b.upper()} {_r(fa[b])}" for b in BASELINES)
+        + ".",
         "",
-        "| gap | size | n | detected | AUROC | attributed | est. abs. error | predicted power | MMD det. / AUROC | MLP det. / AUROC |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| condition | wmcheck flags | verdicts | " + " | ".join(f"{b.upper()} flags" for b in BASELINES) + " |",
+        "|---|---|---|" + "---|" * len(BASELINES),
+    ]
+    for c, v in fa["by_condition"].items():
+        lines.append(
+            f"| {c} | {_r(v['wmcheck'])} | {', '.join(v['verdicts'])} | "
+            + " | ".join(_r(v[b]) for b in BASELINES)
+            + " |"
+        )
+    lines += [
+        "",
+        "**Deterministic simulators** (noise-free, against the noisy reality):",
+        "",
+        f"| simulator | truth | n {head} | verdicts |",
+        "|---|---|---" + "|---" * (4 + len(BASELINES)) + "|---|",
+    ]
+    for d in summ["deterministic"]:
+        lines.append(
+            f"| {d['row']} | {', '.join(d['truth'])} | {d['n']} | {_f(d['detection']['rate'])} | {_f(d['auroc'])} | "
+            f"{_f(d['attribution']['rate'])} | {_f(d['sensor_noise_row']['rate'])} | {_base_cols(d)} | "
+            f"{', '.join(d['verdicts'])} |"
+        )
+    lines += [
+        "",
+        "**Perturbations of reality** (one gap made larger; reality's noise kept):",
+        "",
+        f"| gap | size | n {head} | est. abs. error | predicted power |",
+        "|---|---|---" + "|---" * (4 + len(BASELINES)) + "|---|---|",
     ]
     for c in summ["cells"]:
-        b = c["baselines"]
         lines.append(
             f"| {c['gap']} | {c['size']:g} ({c['units']}) | {c['n']} | {_f(c['detection']['rate'])} | {_f(c['auroc'])} | "
-            f"{_f(c['attribution']['rate'])} | {_f(c['estimate_mean_abs_error'])} | {_f(c['power_predicted'])} | "
-            f"{_f(b['mmd']['detection']['rate'])} / {_f(b['mmd']['auroc'])} | {_f(b['mlp']['detection']['rate'])} / {_f(b['mlp']['auroc'])} |"
+            f"{_f(c['attribution']['rate'])} | {_f(c['sensor_noise_row']['rate'])} | {_base_cols(c)} | "
+            f"{_f(c['estimate_mean_abs_error'])} | {_f(c['power_predicted'])} |"
         )
-    for group, label in (("nominal", "Nominal simulator"), ("policy", "Controller rollouts (faithful simulator)")):
-        rows = [r for r in s["checks"] if r["group"] == group]
-        if rows:
-            lines += [
-                "",
-                f"{label}: "
-                + "; ".join(
-                    f"{r['verdict']} (score {r['score']:.2f}, top gap {r['top_gap']}, present: {', '.join(r['present']) or 'none'}; "
-                    f"MMD p {r['baselines']['mmd']['p']:.3g}, MLP p {r['baselines']['mlp']['p']:.3g})"
-                    for r in rows
-                )
-                + ".",
-            ]
+    if summ["endings"]:
+        lines += [
+            "",
+            "**Different endings**: "
+            + "; ".join(
+                f"{e['row']}: {', '.join(e['verdicts'])}" + (f" ({e['errors'][0]})" if e["errors"] else "")
+                for e in summ["endings"]
+            )
+            + ".",
+        ]
     lines += ["", "Targets:", ""] + [
         f"- {'met' if t['met'] else 'MISSED'}: {t['target']} — {t['measured']}" for t in summ["targets"]
     ]
@@ -581,46 +575,6 @@ def system_markdown(s: dict) -> str:
 
 
 # ---- driver ----------------------------------------------------------------------------------------
-
-
-def jobs_for(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarray) -> list[CheckJob]:
-    jobs = []
-    for k in range(spec.controls):
-        prof = dataclasses.replace(reality, seed=1000 + k, name=f"faithful-{k}")
-        jobs.append(CheckJob(spec.name, "control", f"control{k}", prof.to_dict(), spec.policy, 10_000 + 100 * k))
-    jobs.append(
-        CheckJob(spec.name, "nominal", "nominal", RealityProfile(name="nominal").to_dict(), spec.policy, 20_000)
-    )
-    for g, (gap, sizes) in enumerate(spec.gap_sizes().items()):
-        for i, size in enumerate(sizes):
-            for rep in range(spec.reps):
-                prof = variant(
-                    dataclasses.replace(reality, seed=2000 + 100 * g + 10 * i + rep),
-                    gap,
-                    float(size),
-                    obs_std,
-                    spec.dynamics_param,
-                )
-                jobs.append(
-                    CheckJob(
-                        spec.name,
-                        "gap",
-                        f"{gap}{i}r{rep}",
-                        prof.to_dict(),
-                        spec.policy,
-                        30_000 + 1000 * g + 100 * i + 10 * rep,
-                        gap,
-                        float(size),
-                    )
-                )
-    for k in range(spec.policy_checks):
-        prof = dataclasses.replace(reality, seed=3000 + k, name=f"controller-{k}")
-        jobs.append(
-            CheckJob(
-                spec.name, "policy", f"policy{k}", prof.to_dict(), f"controller:{spec.controller}", 40_000 + 100 * k
-            )
-        )
-    return jobs
 
 
 def run_system(spec: SystemSpec, work: Path, args) -> dict:
@@ -678,11 +632,12 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
 
     def done(r):
         results.append(r)
-        extra = f" {r['gap']}={r['size']:g}" if r["gap"] else ""
+        score = "-" if r["score"] is None else f"{r['score']:.2f}"
         print(
-            f"[{spec.name}] {len(results)}/{len(jobs)} {r['group']}{extra}: {r['verdict']} score {r['score']:.2f} "
-            f"top {r['top_gap']} | MMD p {r['baselines']['mmd']['p']:.3g} MLP p {r['baselines']['mlp']['p']:.3g} "
-            f"({r['seconds']:.0f} s, {time.perf_counter() - t3:.0f} s in)",
+            f"[{spec.name}] {len(results)}/{len(jobs)} {r['family']} ({r['condition']}): {r['verdict']} score {score} "
+            f"top {r['top_gap']} | "
+            + " ".join(f"{b.upper()} p {_f(r['baselines'][b]['p'], '{:.3g}')}" for b in BASELINES)
+            + f" ({r['seconds']:.0f} s, {time.perf_counter() - t3:.0f} s in)",
             flush=True,
         )
 
@@ -761,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = dict(CONFIGS[args.config])
     if args.systems:
         names = [s.strip() for s in args.systems.split(",") if s.strip()]
-        known = {**CONFIGS["cpu"], "halfcheetah": HALFCHEETAH, **CONFIGS[args.config]}
+        known = {**CONFIGS["cpu"], "halfcheetah": HALFCHEETAH, "pusher": PUSHER, **CONFIGS[args.config]}
         bad = [n for n in names if n not in known]
         if bad:
             p.error(f"unknown system(s) {', '.join(bad)}; choose from {', '.join(known)}")
@@ -786,9 +741,10 @@ def main(argv: list[str] | None = None) -> int:
         [
             f"# Detection benchmark ({info['date']}, config {args.config}{', quick' if args.quick else ''})",
             "",
-            f"A check flags a simulator when its verdict is not `pass`; baselines flag at p < alpha = {CHECK_CONFIG.alpha}. "
-            "AUROC: `summary.score` (baselines: their block scores) of the gapped simulators against the faithful controls. "
-            "Attributed: `summary.top_gap` is the injected gap type. Predicted power: calibration's power table in each report "
+            "A check flags a simulator when its verdict is `fail` or `unverifiable` (`inconclusive` is counted apart, "
+            f"`error` = no verdict); baselines flag at p < alpha = {CHECK_CONFIG.alpha}. "
+            "AUROC: `summary.score` (baselines: their scores) of each row against all faithful controls. "
+            "Attributed: `summary.top_gap` is one of the row's true gaps. Predicted power: calibration's power table in each report "
             f"(mean over the cell's checks). {info['cpu_count']} CPUs, {info['torch_threads']} torch thread(s), "
             f"{args.workers} check worker(s), training on {args.device}; total {info['total_seconds']:.0f} s.",
             "",

@@ -94,4 +94,6 @@ def run_synthetic_demo(out: Path, max_steps: int, preset: str, episodes: int, pr
     for what, truth, verdict, top, est in rows:
         print(f"{what:<{width}}  {truth:<20} {verdict:<13} {top:<13} {est}")
     print(f"\n  TensorBoard: tensorboard --logdir {out}")
-    return max(codes)
+    from wmcheck.checks.decision import combined_exit_code
+
+    return combined_exit_code(codes)

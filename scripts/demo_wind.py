@@ -104,4 +104,6 @@ def run_wind_demo(out: Path, max_steps: int, preset: str, progress: bool = True)
     print(f"\n  real log:    {log}\n  model:       {result.model_path}")
     print(f"  TensorBoard: tensorboard --logdir {out}   (training run, both checks)")
     print("  open the reports in a browser, e.g. xdg-open " + str(out / "report-simulator" / "report.html"))
-    return max(int(sim_report["exit_code"]), int(pol_report["exit_code"]))
+    from wmcheck.checks.decision import combined_exit_code
+
+    return combined_exit_code([sim_report["exit_code"], pol_report["exit_code"]])

@@ -3,6 +3,7 @@ JSON with the expected keys and finite numbers, plus the Markdown table."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -140,44 +141,52 @@ def test_arx_recovers_a_linear_system_and_rolls_it_forward():
 
 
 def test_bench_detection_quick(tmp_path):
-    """The detection benchmark end to end on a tiny budget: every kind of check runs, the JSON has
-    per-cell rates in [0, 1], AUROCs against the controls, the baselines and the targets."""
+    """The detection benchmark end to end on a tiny budget: every family runs, the JSON has per-row
+    rates in [0, 1], AUROCs against the controls, the three baselines and the targets."""
     _run("bench_detection.py", "--out", str(tmp_path))
     data = json.loads((tmp_path / "bench_detection.json").read_text())
-    assert data["benchmark"] == "detection" and data["version"] == 1 and data["quick"] is True
+    assert data["benchmark"] == "detection" and data["version"] == 2 and data["quick"] is True
     assert data["machine"]["config"] == "cpu" and data["machine"]["torch_threads"] == 1
     (s,) = data["systems"]
     assert s["system"] == "pendulum" and s["calibration_blocks"] >= 24
-    groups = [c["group"] for c in s["checks"]]
-    assert groups.count("control") == 2 and groups.count("nominal") == 1 and groups.count("policy") == 1
-    assert sorted(c["gap"] for c in s["checks"] if c["group"] == "gap") == sorted(
+    families = [c["family"] for c in s["checks"]]
+    assert families.count("control") == 2 and families.count("ending") == 1
+    assert families.count("deterministic") == 4  # twin, one biased physics, no latency, nominal
+    assert sorted(c["gap"] for c in s["checks"] if c["family"] == "perturbation") == sorted(
         ["latency", "actuator", "sensor_noise", "dynamics"]
     )
     for c in s["checks"]:
-        assert c["verdict"] in ("pass", "fail", "unverifiable") and c["flagged"] == (c["verdict"] != "pass")
-        assert 0.0 <= c["score"] <= 1.0
-        for b in ("mmd", "mlp"):
-            assert 0.0 < c["baselines"][b]["p"] <= 1.0 and 0.0 <= c["baselines"][b]["score"] <= 1.0
+        assert c["verdict"] in ("pass", "fail", "unverifiable", "inconclusive", "error")
+        assert c["flagged"] == (c["verdict"] in ("fail", "unverifiable"))
+        assert c["score"] is None if c["verdict"] == "error" else 0.0 <= c["score"] <= 1.0
+        for b in ("arx", "mmd", "mlp"):
+            if c["family"] != "ending":  # episodes shorter than a block: nothing to test
+                assert 0.0 < c["baselines"][b]["p"] <= 1.0 and c["baselines"][b]["score"] >= 0.0
+        if c["family"] == "deterministic":
+            assert "sensor_noise" in c["truth"]  # a noise-free simulator has a sensor-noise gap
+    (ending,) = [c for c in s["checks"] if c["family"] == "ending"]
+    assert ending["verdict"] == "error" and "steps" in ending["error"]  # shorter than a block: today no verdict
     summ = s["summary"]
     fa = summ["false_alarms"]["wmcheck"]
     assert fa["n"] == 2 and 0.0 <= fa["rate"] <= 1.0 and fa["ci95"][0] <= fa["rate"] <= fa["ci95"][1]
     assert [c["gap"] for c in summ["cells"]] == ["latency", "actuator", "sensor_noise", "dynamics"]
-    for cell in summ["cells"]:
+    for cell in summ["cells"] + summ["deterministic"]:
         assert cell["n"] == 1
-        for key in ("detection", "attribution"):
+        for key in ("detection", "attribution", "sensor_noise_row"):
             assert 0.0 <= cell[key]["rate"] <= 1.0
         assert 0.0 <= cell["auroc"] <= 1.0
-        for b in ("mmd", "mlp"):
+        for b in ("arx", "mmd", "mlp"):
             assert (
                 0.0 <= cell["baselines"][b]["detection"]["rate"] <= 1.0 and 0.0 <= cell["baselines"][b]["auroc"] <= 1.0
             )
+    for cell in summ["cells"]:
         if cell["gap"] == "dynamics":
             assert cell["power_predicted"] is None  # calibration does not inject dynamics gaps
         else:
             assert 0.0 <= cell["power_predicted"] <= 1.0
     assert all(isinstance(t["met"], bool) and t["measured"] for t in summ["targets"])
     md = (tmp_path / "bench_detection.md").read_text()
-    assert "| gap | size | n | detected | AUROC | attributed |" in md and "Faithful controls: false alarms" in md
+    assert "**Deterministic simulators**" in md and "**Faithful controls**" in md and "| gap | size | n |" in md
 
 
 def test_bench_detection_statistics():
@@ -185,6 +194,7 @@ def test_bench_detection_statistics():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import bench_detection as bd
+        import bench_families as bf
     finally:
         sys.path.pop(0)
     from wmcheck.checks.reality import RealityProfile
@@ -193,19 +203,31 @@ def test_bench_detection_statistics():
     assert lo == 0.0 and hi == pytest.approx(0.161, abs=1e-3)  # the textbook value for 0/20
     lo, hi = bd.wilson(10, 20)
     assert lo == pytest.approx(0.299, abs=1e-3) and hi == pytest.approx(0.701, abs=1e-3)
-    r = RealityProfile(latency_steps=1, actuator_gain=0.8, sensor_noise_std=0.03, physics={"m": {"scale": 1.2}})
+    r = RealityProfile(
+        latency_steps=1, actuator_gain=0.8, sensor_noise_std=0.03, process_noise_std=0.1, physics={"m": {"scale": 1.2}}
+    )
     std = np.array([0.1, 0.2, 0.4])
-    assert bd.variant(r, "latency", 2, std, "m").latency_steps == 3
-    assert bd.variant(r, "actuator", 2.0, std, "m").actuator_gain == pytest.approx(0.4)
-    noisy = bd.variant(r, "sensor_noise", 0.5, std, "m").sensor_noise_std
+    assert bf.variant(r, "latency", 2, std, "m").latency_steps == 3
+    assert bf.variant(r, "actuator", 2.0, std, "m").actuator_gain == pytest.approx(0.4)
+    noisy = bf.variant(r, "sensor_noise", 0.5, std, "m").sensor_noise_std
     assert noisy == pytest.approx(np.sqrt(0.03**2 + (0.5 * std) ** 2).tolist())
-    assert bd.variant(r, "dynamics", 0.5, std, "m").physics == {"m": {"scale": pytest.approx(1.8)}}
-    v = bd.variant(r, "actuator", 1.25, std, "m")
-    assert (v.latency_steps, v.sensor_noise_std, v.physics) == (
-        1,
-        0.03,
-        {"m": {"scale": 1.2}},
-    )  # the other gaps stay reality's
+    assert bf.variant(r, "dynamics", 0.5, std, "m").physics == {"m": {"scale": pytest.approx(1.8)}}
+    v = bf.variant(r, "actuator", 1.25, std, "m")
+    assert (v.latency_steps, v.sensor_noise_std, v.physics) == (1, 0.03, {"m": {"scale": 1.2}})  # the rest stays
+    twin = bf.deterministic(r)
+    assert twin.sensor_noise_std is None and twin.process_noise_std is None and twin.latency_steps == 1
+    # every family, each row with its truth
+    jobs = bf.jobs_for(bf.PENDULUM, RealityProfile(**bf.PENDULUM.reality), np.ones(3))
+    fams = {j.family for j in jobs}
+    assert fams == {"control", "deterministic", "perturbation", "ending"}
+    assert all(j.truth == () for j in jobs if j.family == "control")
+    assert {j.condition for j in jobs if j.family == "control"} >= {
+        "4 episodes",
+        "32 episodes",
+        "policy hold:2",
+        "policy controller pendulum_pd",
+    }
+    assert len({j.seed for j in jobs}) == len(jobs) and len({j.name for j in jobs}) == len(jobs)
     # latency: a simulator 2 steps slower is corrected by shifting its commands by -2
     assert bd.estimate_error("latency", 2, {"steps": -2})["abs_error"] == 0
     assert bd.estimate_error("latency", 2, {"steps": 1})["abs_error"] == 3
@@ -213,39 +235,29 @@ def test_bench_detection_statistics():
     assert e["truth"] == 0.5 and e["abs_error"] == pytest.approx(0.13)
     assert bd.estimate_error("dynamics", 1.0, {"x": 1}) is None
     # a detector that flags everything fails the false-alarm target; one that flags nothing fails detection
-    spec = bd.quick(bd.PENDULUM)
+    spec = bf.quick(bf.PENDULUM)
+    quick_jobs = bf.jobs_for(spec, RealityProfile(**spec.reality), np.ones(3))
 
     def fake(flag):
-        rows = [
-            {
-                "group": "control",
-                "flagged": flag,
-                "verdict": "fail" if flag else "pass",
-                "score": 0.9 if flag else 0.5,
-                "top_gap": "none",
-                "estimates": {},
-                "baselines": {b: {"flagged": False, "score": 0.5} for b in ("mmd", "mlp")},
-            }
-            for _ in range(20)
-        ]
-        rows += [
-            {
-                "group": "gap",
-                "gap": g,
-                "size": float(sz[-1]),
-                "flagged": flag,
-                "verdict": "fail" if flag else "pass",
-                "score": 0.9 if flag else 0.5,
-                "top_gap": g if flag else "none",
-                "estimates": {},
-                "baselines": {b: {"flagged": False, "score": 0.5} for b in ("mmd", "mlp")},
-            }
-            for g, sz in spec.gap_sizes().items()
-        ]
+        rows = []
+        for j in quick_jobs:
+            bad = flag and j.family != "control" or (flag and j.family == "control")
+            rows.append(
+                {
+                    **dataclasses.asdict(j),
+                    "flagged": bad,
+                    "verdict": "fail" if bad else "pass",
+                    "score": 0.9 if bad else 0.5,
+                    "top_gap": (j.truth[0] if j.truth and bad else "none"),
+                    "present": list(j.truth) if bad else [],
+                    "estimates": {},
+                    "baselines": {b: {"flagged": False, "score": 0.5} for b in ("arx", "mmd", "mlp")},
+                }
+            )
         return {t["target"]: t["met"] for t in bd.summarise(spec, rows, 0.05)["targets"]}
 
     always, never = fake(True), fake(False)
     fa_key = next(k for k in always if k.startswith("false-alarm"))
     assert always[fa_key] is False and never[fa_key] is True
-    det = [k for k in always if "detected in" in k]
-    assert len(det) == 4 and all(always[k] for k in det) and not any(never[k] for k in det)
+    det = [k for k in always if "detected >=" in k]
+    assert len(det) >= 4 and all(always[k] for k in det) and not any(never[k] for k in det)

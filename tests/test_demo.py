@@ -31,7 +31,9 @@ def _demo(tmp_path, *extra):
         capture_output=True,
         text=True,
     )
-    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1 = a gap was found
+    assert proc.returncode in (0, 1, 3), (
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    )  # 1: a gap was found; 3: inconclusive
     assert "Traceback" not in proc.stderr
     return out, proc
 
@@ -57,7 +59,8 @@ def test_wind_demo_runs_end_to_end(tmp_path):
     # twin and the pooled test is paired; the policy's yaw changes the vane angle, so it has none
     assert reports[0]["summary"]["pooled_test"].startswith("paired"), reports[0]["summary"]["pooled_test"]
     assert reports[1]["summary"]["pooled_test"].startswith("unpaired"), reports[1]["summary"]["pooled_test"]
-    assert proc.returncode == max(r["exit_code"] for r in reports)
+    codes = [r["exit_code"] for r in reports]
+    assert proc.returncode == (1 if 1 in codes else 3 if 3 in codes else 0)  # a failure wins over inconclusive
     assert f"tensorboard --logdir {out}" in proc.stdout
 
 

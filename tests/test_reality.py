@@ -94,6 +94,22 @@ def test_actuator_transform_order_deadband_gain_offset_saturation_then_space():
     assert big.action(np.array([1.0], np.float32)).dtype == np.float32
 
 
+def test_process_noise_is_a_zero_mean_random_force_reproducible_per_seed():
+    env = ActuatorGap(gym.make("Pendulum-v1"), noise_std=0.3, seed=4)
+    env.reset(seed=11)
+    draws = np.array([env.action(np.zeros(1, np.float32))[0] for _ in range(4000)])
+    assert abs(draws.mean()) < 0.03 and draws.std() == pytest.approx(0.3, rel=0.05)  # what the plant feels
+    a = torques()
+    one, _ = rollout(make_reality_env("Pendulum-v1", {"process_noise_std": 0.3, "seed": 4}), a, seed=1)
+    two, _ = rollout(make_reality_env("Pendulum-v1", {"process_noise_std": 0.3, "seed": 4}), a, seed=1)
+    other, _ = rollout(make_reality_env("Pendulum-v1", {"process_noise_std": 0.3, "seed": 4}), a, seed=2)
+    clean, _ = rollout(make_reality_env("Pendulum-v1", {}), a, seed=1)
+    np.testing.assert_array_equal(one, two)  # reproducible from (episode seed, profile seed)
+    assert not np.allclose(one, clean) and not np.allclose(one[1:], other[1:])
+    with pytest.raises(UserError, match="process noise"):
+        ActuatorGap(gym.make("Pendulum-v1"), noise_std=-1.0)
+
+
 def test_actuator_parameters_are_per_channel():
     env = gym.make("HalfCheetah-v5")
     gain = np.array([1.0, 0.5, 0.0, -1.0, 2.0, 0.25])

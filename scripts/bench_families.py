@@ -1,0 +1,384 @@
+"""The detection benchmark's systems and checked simulators, by family (used by bench_detection.py).
+
+Owns `SystemSpec` (a system, its noisy reality, its real logs and model), the controllers, and
+`jobs_for(spec, reality, obs_std)`: every checked simulator as a `CheckJob` with its ground truth
+(the gap types it truly has relative to reality). Real hand-engineered simulators are
+deterministic, biased and checked under other policies, so the families are:
+
+  deterministic  noise-free simulators (no sensor noise, no process noise) against the noisy
+                 reality: the reality's twin without noise (truth: sensor_noise, the "sensors
+                 assumed ideal" red flag), the twin with biased physics at graded sizes (+ dynamics),
+                 the twin missing the reality's latency (+ latency), and the nominal env with none of
+                 the reality's gaps (+ latency, actuator, dynamics);
+  perturbation   the reality's own profile (its noise included) with one gap made larger, graded
+                 sizes per gap type (the earlier benchmark, kept for continuity);
+  control        faithful simulators: the reality's full profile with fresh seeds, under the logs'
+                 behaviour policy, under other excitation (faster held commands, a closed-loop
+                 controller) and with other episode counts (few, many): every one should pass;
+  ending         the reality's profile with episodes that end early: shorter than one block, or
+                 one block long where reality runs on (truth: ending).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wmcheck.checks.calibration import POWER_SIZES
+from wmcheck.checks.reality import RealityProfile
+
+# ---- controllers (closed-loop checks under another policy) -------------------------------------------
+
+
+def pendulum_pd(obs) -> np.ndarray:
+    """PD torque towards upright, saturated at Pendulum's 2 N m (it cannot lift from the bottom in
+    one go: it pumps and falls back, a closed-loop behaviour unlike the random logs)."""
+    theta = math.atan2(float(obs[1]), float(obs[0]))
+    return np.array([np.clip(-6.0 * theta - 1.5 * float(obs[2]), -2.0, 2.0)], np.float32)
+
+
+class CheetahGait:
+    """An open-loop sinusoidal gait (period 20 steps, back/front legs in antiphase) with damping on
+    the joint velocities: a simple, deterministic controller for HalfCheetah."""
+
+    def __init__(self):
+        self.t = 0
+        self.phase = np.array([0.0, 0.5, 1.0, math.pi, math.pi + 0.5, math.pi + 1.0])
+
+    def reset(self, seed: int) -> None:
+        self.t = 0
+
+    def __call__(self, obs) -> np.ndarray:
+        a = 0.7 * np.sin(2 * math.pi * self.t / 20 + self.phase) - 0.05 * np.asarray(obs[11:17], float)
+        self.t += 1
+        return np.clip(a, -1, 1).astype(np.float32)
+
+
+class PusherSweep:
+    """Slow sinusoidal sweeps of every joint (periods 30-60 steps): a smooth, deterministic input for
+    Pusher's arm, unlike the logs' held random commands."""
+
+    def __init__(self):
+        self.t = 0
+
+    def reset(self, seed: int) -> None:
+        self.t = 0
+
+    def __call__(self, obs) -> np.ndarray:
+        periods = np.linspace(30, 60, 7)
+        a = 0.8 * np.sin(2 * math.pi * self.t / periods)
+        self.t += 1
+        return a.astype(np.float32)
+
+
+CONTROLLERS = {"pendulum_pd": lambda: pendulum_pd, "cheetah_gait": CheetahGait, "pusher_sweep": PusherSweep}
+
+
+def make_policy(spec: str):
+    """A behaviour policy spec (random, hold:K) or "controller:<key>"."""
+    return CONTROLLERS[spec.split(":", 1)[1]]() if spec.startswith("controller:") else spec
+
+
+# ---- systems ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class SystemSpec:
+    """One system: its reality, real logs, world model and how many checks of each family."""
+
+    name: str
+    env_id: str
+    reality: dict  # RealityProfile fields: the real system relative to the nominal simulator (noise included)
+    dynamics_param: str  # physical parameter the dynamics variants scale
+    dynamics_sizes: tuple[float, ...]  # relative changes (scale 1 + size, on top of reality's)
+    controller: str  # key of CONTROLLERS
+    episodes: int = 48  # real episodes (train + held out)
+    max_steps: int = 200
+    policy: str = "hold:5"  # exciting behaviour policy of the real logs
+    other_policies: tuple[str, ...] = ("hold:2",)  # other excitation for faithful controls (+ the controller)
+    episode_counts: tuple[int, ...] = (4, 32)  # other checked-episode counts for faithful controls
+    ending_steps: tuple[int, ...] = (40, 64)  # episode lengths of the early-ending simulators
+    preset: str = "debug"
+    steps: int = 3000
+    batch_size: int = 32
+    seq_len: int = 32
+    lr: float = 1e-3
+    warmup: int = 100
+    val_fraction: float = 0.3  # 48 episodes: 16 held out, 24 blocks per power half
+    check_episodes: int = 6  # episodes per checked simulator
+    controls: int = 10  # faithful simulators under the logs' policy (new seeds)
+    other_controls: int = 3  # faithful simulators per other condition
+    deterministic_reps: int = 2  # checks per deterministic row
+    reps: int = 1  # checks per perturbation gap type and size
+    ending_reps: int = 1
+    sizes: dict = field(
+        default_factory=lambda: {g: tuple(POWER_SIZES[g]) for g in ("latency", "actuator", "sensor_noise")}
+    )
+
+    def gap_sizes(self) -> dict[str, tuple]:
+        return {**{g: tuple(s) for g, s in self.sizes.items()}, "dynamics": tuple(self.dynamics_sizes)}
+
+
+PENDULUM = SystemSpec(
+    "pendulum",
+    "Pendulum-v1",
+    reality={
+        "latency_steps": 1,
+        "actuator_gain": 0.85,
+        "sensor_noise_std": [0.02, 0.02, 0.1],
+        "process_noise_std": 0.2,
+        "physics": {"m": {"scale": 1.2}},
+    },
+    # Gravity, not mass: Pendulum-v1's mass only divides the torque term, so a mass change is an
+    # actuator gain in disguise (a first run with m measured exactly that); g acts on the unforced motion.
+    dynamics_param="g",
+    dynamics_sizes=(0.05, 0.1, 0.25, 0.5),
+    controller="pendulum_pd",
+    check_episodes=8,
+    controls=12,
+    other_controls=3,
+    reps=2,
+)
+HALFCHEETAH = SystemSpec(
+    "halfcheetah",
+    "HalfCheetah-v5",
+    reality={
+        "latency_steps": 1,
+        "actuator_gain": 0.9,
+        "sensor_noise_std": 0.02,
+        "process_noise_std": 0.1,
+        "physics": {"dof_damping": {"scale": 1.3}},
+    },
+    dynamics_param="dof_damping",
+    dynamics_sizes=(0.25, 0.5, 1.0, 2.0),
+    controller="cheetah_gait",
+    episodes=60,
+    max_steps=400,
+    preset="size1m",
+    steps=3000,
+    batch_size=16,
+    seq_len=64,
+    check_episodes=4,
+)
+PUSHER = SystemSpec(
+    "pusher",
+    "Pusher-v5",
+    reality={
+        "latency_steps": 1,
+        "actuator_gain": 0.9,
+        "sensor_noise_std": 0.01,
+        "process_noise_std": 0.1,
+        "physics": {"dof_damping": {"scale": 1.5}},
+    },
+    dynamics_param="dof_damping",
+    dynamics_sizes=(0.25, 0.5, 1.0, 2.0),
+    controller="pusher_sweep",
+    episodes=60,
+    max_steps=200,
+    preset="size1m",
+    steps=3000,
+    batch_size=16,
+    seq_len=64,
+    check_episodes=6,
+)
+
+
+def quick(spec: SystemSpec) -> SystemSpec:
+    """A ~2-minute version (smoke test): tiny logs and model, one size per gap type, one check per row."""
+    return dataclasses.replace(
+        spec,
+        episodes=20,
+        max_steps=200,
+        preset="debug",
+        steps=30,
+        batch_size=8,
+        seq_len=16,
+        warmup=5,
+        val_fraction=0.6,
+        check_episodes=4,
+        controls=2,
+        other_controls=1,
+        other_policies=(),
+        episode_counts=(),
+        deterministic_reps=1,
+        reps=1,
+        ending_steps=(40,),
+        sizes={g: (s[-1],) for g, s in spec.sizes.items()},
+        dynamics_sizes=spec.dynamics_sizes[-1:],
+    )
+
+
+# ---- checked simulators -----------------------------------------------------------------------------
+
+
+@dataclass
+class CheckJob:
+    """One checked simulator: how to record it and what it truly differs in."""
+
+    system: str
+    family: str  # deterministic | perturbation | control | ending
+    name: str
+    profile: dict
+    policy: str  # a behaviour policy spec, or "controller:<key>"
+    seed: int
+    truth: tuple[str, ...] = ()  # the gap types it truly has (empty: faithful)
+    condition: str = ""  # what is special about it (policy, episode count, size, ...)
+    gap: str | None = None  # perturbation: the gap made larger
+    size: float | None = None
+    episodes: int | None = None  # checked episodes (None: the system's check_episodes)
+    max_steps: int | None = None  # steps per episode (None: the system's max_steps)
+
+
+def _scaled(value, factor):
+    """A per-channel value (None = 1, number or list) times `factor`."""
+    if value is None:
+        value = 1.0
+    return [v * factor for v in value] if isinstance(value, list) else value * factor
+
+
+def variant(reality: RealityProfile, gap: str, size: float, obs_std: np.ndarray, param: str) -> RealityProfile:
+    """The reality's profile with one gap made larger by `size`: latency + size steps; actuator gain
+    / size (commands lose effect); sensor noise of size x each channel's std on top of reality's;
+    the physical parameter scaled by 1 + size."""
+    r = reality
+    if gap == "latency":
+        kw = {"latency_steps": r.latency_steps + int(size)}
+    elif gap == "actuator":
+        kw = {"actuator_gain": _scaled(r.actuator_gain, 1.0 / size)}
+    elif gap == "sensor_noise":
+        base = np.broadcast_to(
+            np.asarray(0.0 if r.sensor_noise_std is None else r.sensor_noise_std, float), obs_std.shape
+        )
+        kw = {"sensor_noise_std": np.sqrt(base**2 + (size * obs_std) ** 2).tolist()}  # independent noise adds variances
+    elif gap == "dynamics":
+        physics = dict(r.physics)
+        old = physics.get(param, {"scale": 1.0})
+        physics[param] = {"scale": _scaled(old["scale"], 1.0 + size)}
+        kw = {"physics": physics}
+    else:
+        raise ValueError(f"unknown gap {gap!r}")
+    return dataclasses.replace(r, **kw, name=f"{gap}={size:g}")
+
+
+def deterministic(reality: RealityProfile) -> RealityProfile:
+    """The reality's twin without sensor or process noise: what an engineering simulator is."""
+    return dataclasses.replace(reality, sensor_noise_std=None, process_noise_std=None, name="deterministic twin")
+
+
+def jobs_for(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarray) -> list[CheckJob]:
+    """Every checked simulator of every family, with its truth."""
+    return (
+        _controls(spec, reality)
+        + _deterministic(spec, reality)
+        + _perturbations(spec, reality, obs_std)
+        + _endings(spec, reality)
+    )
+
+
+def _controls(spec: SystemSpec, reality: RealityProfile) -> list[CheckJob]:
+    jobs = []
+
+    def add(k, condition, policy, seed, episodes=None):
+        prof = dataclasses.replace(reality, seed=1000 + len(jobs), name=f"faithful ({condition})")
+        jobs.append(
+            CheckJob(
+                spec.name,
+                "control",
+                f"control{len(jobs)}",
+                prof.to_dict(),
+                policy,
+                seed,
+                condition=condition,
+                episodes=episodes,
+            )
+        )
+
+    for k in range(spec.controls):
+        add(k, f"logs' policy {spec.policy}", spec.policy, 10_000 + 100 * k)
+    others = (
+        [*spec.other_policies, f"controller:{spec.controller}"] if spec.other_policies or spec.episode_counts else []
+    )
+    for j, pol in enumerate(others):
+        for k in range(spec.other_controls):
+            add(k, f"policy {pol.replace('controller:', 'controller ')}", pol, 20_000 + 1000 * j + 100 * k)
+    for n in spec.episode_counts:
+        for k in range(spec.other_controls if n <= spec.check_episodes * 2 else 1):
+            add(k, f"{n} episodes", spec.policy, 25_000 + 100 * n + k, episodes=n)
+    return jobs
+
+
+def _deterministic(spec: SystemSpec, reality: RealityProfile) -> list[CheckJob]:
+    twin = deterministic(reality)
+    physics = dict(twin.physics)
+    rows = [("twin", twin, ("sensor_noise",))]
+    for size in spec.dynamics_sizes:
+        old = physics.get(spec.dynamics_param, {"scale": 1.0})
+        biased = {**physics, spec.dynamics_param: {"scale": _scaled(old["scale"], 1.0 + size)}}
+        rows.append((f"physics x{1 + size:g}", dataclasses.replace(twin, physics=biased), ("sensor_noise", "dynamics")))
+    rows.append(("no latency", dataclasses.replace(twin, latency_steps=0), ("sensor_noise", "latency")))
+    rows.append(("nominal", RealityProfile(), ("sensor_noise", "latency", "actuator", "dynamics")))
+    jobs = []
+    for i, (cond, prof, truth) in enumerate(rows):
+        for rep in range(spec.deterministic_reps):
+            p = dataclasses.replace(prof, seed=5000 + 10 * i + rep, name=f"deterministic {cond}")
+            jobs.append(
+                CheckJob(
+                    spec.name,
+                    "deterministic",
+                    f"det{i}r{rep}",
+                    p.to_dict(),
+                    spec.policy,
+                    50_000 + 100 * i + rep,
+                    truth,
+                    cond,
+                )
+            )
+    return jobs
+
+
+def _perturbations(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarray) -> list[CheckJob]:
+    jobs = []
+    for g, (gap, sizes) in enumerate(spec.gap_sizes().items()):
+        for i, size in enumerate(sizes):
+            for rep in range(spec.reps):
+                base = dataclasses.replace(reality, seed=2000 + 100 * g + 10 * i + rep)
+                prof = variant(base, gap, float(size), obs_std, spec.dynamics_param)
+                jobs.append(
+                    CheckJob(
+                        spec.name,
+                        "perturbation",
+                        f"{gap}{i}r{rep}",
+                        prof.to_dict(),
+                        spec.policy,
+                        30_000 + 1000 * g + 100 * i + 10 * rep,
+                        (gap,),
+                        f"{gap}={size:g}",
+                        gap,
+                        float(size),
+                    )
+                )
+    return jobs
+
+
+def _endings(spec: SystemSpec, reality: RealityProfile) -> list[CheckJob]:
+    jobs = []
+    for i, steps in enumerate(spec.ending_steps):
+        for rep in range(spec.ending_reps):
+            prof = dataclasses.replace(reality, seed=6000 + 10 * i + rep, name=f"ends after {steps} steps")
+            jobs.append(
+                CheckJob(
+                    spec.name,
+                    "ending",
+                    f"end{i}r{rep}",
+                    prof.to_dict(),
+                    spec.policy,
+                    60_000 + 100 * i + rep,
+                    ("ending",),
+                    f"episodes end after {steps} steps",
+                    max_steps=steps,
+                )
+            )
+    return jobs
