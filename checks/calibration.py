@@ -30,6 +30,7 @@ import torch
 from wmcheck.checks.attribution import SearchMatrices, allowed_corrections, identity_index, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import POWER_GAPS, SCORES, CheckConfig, split_alpha
+from wmcheck.checks.endings import real_endings
 from wmcheck.checks.evidence import CheckEvidence, GapEvidence
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
@@ -210,7 +211,7 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
     actuator the gain search of every command channel over the gains the model can judge) and
     calls the check's decision (decision.decide) at the check's levels for that many episodes. A
     replicate is detected when the verdict is not `pass`. Not simulated: competence (every
-    injected block counts as competent), the distribution and visual tests, and the searches for
+    injected block counts as competent), the distribution, visual and ending tests, and the searches for
     other gap types than the injected one (they can only add detections), so the figures are a
     lower bound for the injected gap itself.
 
@@ -337,6 +338,7 @@ class _PowerJudge:
             **self._search_gaps(entry, idx),
             **self._residual_gaps(entry, idx),
             "visual": GapEvidence.not_checked("visual", "not simulated"),
+            "ending": GapEvidence.not_checked("ending", "not simulated"),
         }
         decision = decide(CheckEvidence(div, gaps), Levels.for_check(self.alpha, len(np.unique(episodes))))
         return decision.verdict != "pass"
@@ -464,6 +466,7 @@ def calibrate(
         "reward_abs_error_per_step": reward_err,
         "reward_std_real": reward_std,
         "held_out_episodes": val_ids,
+        "real_endings": real_endings(train_eps + held),
         "blocks": len(blocks),
         "block_length": blocks.length,
         "training_latents": int(len(feats)),

@@ -10,7 +10,7 @@ Owns the order of a check, in three stages (each in its own module):
   3. report    report_build.py words the evidence and the decision; this module assembles the
                report dict (figures' data under private `_` keys for the HTML and TensorBoard).
 The false-alarm budget alpha is split by config.split_alpha and decision.Levels: half for the
-divergence tests, half for the four gap tests; a model with cameras adds the visual test at alpha.
+divergence tests, half for the five gap tests (config.GAP_TESTS); a model with cameras adds the visual test at alpha.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import numpy as np
 from wmcheck.checks import report_build as rb
 from wmcheck.checks.blocks import Blocks, block_controls, block_states, make_blocks
 from wmcheck.checks.calibration import Calibration, power_table
-from wmcheck.checks.config import POWER_GAPS, SCORES, CheckConfig, Gate
+from wmcheck.checks.config import POWER_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
 from wmcheck.checks.decision import Decision, Levels, decide
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, score_arrays
+from wmcheck.checks.endings import ending_evidence
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
@@ -55,7 +56,7 @@ class CheckInputs:
     meta: object  # datasets.episode.LogMeta of the checked log
     episodes: list  # every checked Episode
     checked: list  # the Episodes long enough for a block
-    blocks: Blocks
+    blocks: Blocks | None  # None: every episode is shorter than a block
 
     @property
     def cfg(self) -> CheckConfig:
@@ -104,12 +105,12 @@ def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
     meta, episodes = _read_checked(rollouts, bundle.channels)
     require_frames(bundle.model, episodes, rollouts)
     cfg = cal.config
+    if not any(e.num_steps for e in episodes):
+        raise UserError(f"{rollouts}: no episode has a single step", "record or import episodes with steps")
     try:
         blocks = make_blocks(episodes, norm, cfg.context, cfg.horizon)
-    except ValueError as exc:
-        raise UserError(
-            f"{rollouts}: {exc}", f"check episodes of at least {cfg.context + cfg.horizon + 1} steps"
-        ) from None
+    except ValueError:  # every episode is shorter than a block: only the ending test can speak (R8)
+        return CheckInputs(bundle, cal, norm, meta, episodes, [], None)
     return CheckInputs(bundle, cal, norm, meta, episodes, [e for e in episodes if e.id not in blocks.skipped], blocks)
 
 
@@ -131,6 +132,9 @@ def run_check(
     cfg, cal, model = inp.cfg, inp.cal, inp.bundle.model
     alpha = float(gate.alpha or cfg.alpha)
     levels = Levels.for_check(alpha, len(inp.checked))
+    ending = ending_evidence(inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"])
+    if inp.blocks is None:
+        return _short_check(inp, ending, levels, gate, rollouts, command, t0)
     sc = score_blocks(model, inp.blocks, cfg.samples, cal.support_ref, cal.support_scale, seed=seed)
     rng = np.random.default_rng(seed)
     comp = _competence(sc, cal, gate)
@@ -154,7 +158,7 @@ def run_check(
     )
     corrected = div if gt.corrected_scores is sc else _divergence(inp, gt.corrected_scores, comp.competent, alpha, sc)
     visual_row = _visual(model, run_dir, inp.checked, alpha, clip_model, gate.tolerances.visual)
-    gaps = {**gt.gaps, "visual": _visual_evidence(visual_row)}
+    gaps = {**gt.gaps, "visual": _visual_evidence(visual_row), "ending": ending}
     dist = _distribution(inp, comp, gate, alpha, rng)
     pol = None
     if policy is not None:
@@ -174,7 +178,9 @@ def run_check(
             rng,
             seed,
         )
-    power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=seed)
+    # the power of a check of this size is a property of the model and its calibration, not of the
+    # checked data: the calibration's seed, so that two checks of equal size get the same table
+    power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=cfg.seed)
     policy_passed = None if pol is None else bool(pol["gate"]["passed"])
     ev = CheckEvidence(div, gaps, dist, corrected, policy_passed, _power_evidence(power, inp, gate))
     dec = decide(ev, levels, gate.allow_unverifiable)
@@ -182,6 +188,72 @@ def run_check(
     report["provenance"] = _provenance(inp, rollouts, command, t0)
     report["_embedding"] = _embedding(model, inp.blocks, cal, rng)
     report["_video"] = checked_video(model, inp.blocks, np.argsort(-sc.divergence)[:6], cfg.context)
+    return report
+
+
+def _short_check(
+    inp: CheckInputs, ending: GapEvidence, levels: Levels, gate: Gate, rollouts: Path, command, t0
+) -> dict:
+    """Every checked episode is shorter than a block: no score through the model can be compared
+    with the calibration, but how the episodes end can (rule R8: inconclusive unless that fails)."""
+    from wmcheck.checks.evidence import DivergenceEvidence, PooledEvidence
+
+    L = inp.cfg.context + inp.cfg.horizon
+    why = f"no checked episode has the {L} steps a block needs (context {inp.cfg.context} + horizon {inp.cfg.horizon})"
+    gaps = {g: GapEvidence.not_checked(g, why) for g in ROW_GAPS} | {"ending": ending}
+    ev = CheckEvidence(
+        DivergenceEvidence([], PooledEvidence({s: float("nan") for s in SCORES})),
+        gaps,
+        None,
+        None,
+        None,
+        _power_evidence({}, inp, gate),
+    )
+    dec = decide(ev, levels, gate.allow_unverifiable)
+    rows = rb.gap_rows(
+        ev, dec, {"verdict": "not_checked", "evidence": None, "estimate": None, "ci": None, "explanation": why}
+    )
+    lengths = sorted({int(e.num_steps) for e in inp.episodes})
+    report = {
+        "report_version": REPORT_VERSION,
+        "verdict": dec.verdict,
+        "exit_code": dec.exit_code,
+        "summary": {
+            "score": None,
+            "score_meaning": "not computed: no block could be scored",
+            "top_gap": dec.top_gap,
+            "confounded": dec.confounded,
+            "episodes": 0,
+            "consistent": 0,
+            "divergent": 0,
+            "unverifiable": 0,
+            "skipped_short_episodes": {str(e.id): int(e.num_steps) for e in inp.episodes},
+            "blocks": 0,
+            "competent_blocks": 0,
+            "pooled_p_values": {},
+            "pooled_test": "not run: " + why,
+            "failing": list(dec.failing),
+            "missing_power": list(dec.missing_power),
+            "alpha": levels.alpha,
+            "tolerated_by_gate": dec.tolerated_by_gate,
+            "message": rb.short_message(dec, rows, why, len(inp.episodes), lengths),
+        },
+        "episodes": [],
+        "gaps": rows,
+        "divergence_curve": {"horizon_steps": [], "checked_mean": [], "real_mean": [], "real_q": []},
+        "channels": [],
+        "regimes": None,
+        "power": {"n_blocks": 0, "target": inp.cfg.power_target, "alpha": levels.alpha, "gaps": {}},
+        "thresholds": {
+            "source": gate.source if gate.source != "defaults" else "calibration",
+            "alpha": levels.alpha,
+            "gap_alpha": levels.gap,
+            "calibration_blocks": int(len(inp.cal.real.divergence)),
+        },
+        "policy": None,
+        "figures": None,
+    }
+    report["provenance"] = _provenance(inp, rollouts, command, t0)
     return report
 
 

@@ -20,25 +20,29 @@ COMPETENCE = ("support", "disagreement")  # the tests behind `unverifiable`
 POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
 """Field practice before hardware time: >= 1,000 simulator episodes across the task distribution,
 simulator success rate >= 85%."""
-GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "distribution")
+GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "ending", "distribution")
 POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias")
 """The gap types the power table injects (calibration.POWER_SIZES), which a pass needs power on."""
 DYNAMICS_GAPS = ("latency", "actuator", "sensor_noise", "dynamics")
-"""The attribution's gap tests; each one found present fails a check."""
+"""The attribution's gap tests through the model; each one found present fails a check."""
+GAP_TESTS = (*DYNAMICS_GAPS, "ending")
+"""The gap tests that share half of alpha (the ending test compares how episodes end)."""
+ROW_GAPS = (*GAP_TESTS, "visual")
+"""Every gap row the decision reads from a `GapEvidence` (distribution has its own evidence)."""
 
 
 def split_alpha(alpha: float) -> tuple[float, float]:
     """The false-alarm budget of a check, split: (level of the divergence tests, level of each gap
-    test). Half goes to the divergence tests (per-episode and pooled), half to the four gap tests
-    (alpha / 8 each). Checks and the power table that predicts them both use this."""
-    return alpha / 2, alpha / 2 / len(DYNAMICS_GAPS)
+    test). Half goes to the divergence tests (per-episode and pooled), half to the five gap tests
+    (GAP_TESTS, alpha / 10 each). Checks and the power table that predicts them both use this."""
+    return alpha / 2, alpha / 2 / len(GAP_TESTS)
 
 
 @dataclass
 class CheckConfig:
     alpha: float = 0.05
     """False-alarm budget per checked run: half for the divergence tests (union bound over scores,
-    episodes and the pooled test), half for the four gap tests (alpha / 8 each); see check.py."""
+    episodes and the pooled test), half for the five gap tests (alpha / 10 each); see decision.py."""
     context: int = 16
     """Steps observed before imagining (the reference's report protocol)."""
     horizon: int = 48

@@ -6,7 +6,7 @@ real blocks (so "what a pass is worth" is what a check would conclude), and the 
 words the `Decision`. Each rule below has a row in tests/test_decision.py.
 
 Levels (`Levels.for_check`, one check of n episodes at false-alarm budget alpha): half of alpha
-for the divergence tests, half for the four gap tests (config.split_alpha); an episode's
+for the divergence tests, half for the five gap tests (config.split_alpha); an episode's
 divergence test runs at alpha / 2 / (2 * 3 scores * n), its competence tests at alpha / (2 n),
 the pooled test at alpha / 2 / (2 * 3 scores).
 
@@ -15,7 +15,7 @@ Episodes
   E2  unverifiable  not divergent, and a block lies outside competence or a competence p is
                     below the competence level (the model cannot judge it; never a pass);
   E3  consistent    otherwise.
-Gap rows (latency, actuator, sensor_noise, dynamics, visual)
+Gap rows (latency, actuator, sensor_noise, dynamics, ending, visual)
   G1  not_checked   the test could not run (the reason is in the evidence);
   G2  tolerated     the test fires (evidence >= 1) and the gate's tolerance covers the estimate;
   G3  present       the test fires otherwise;
@@ -49,11 +49,14 @@ Run
       episodes per half), the verdict is `inconclusive` (exit 3), listing the types it could not
       have seen (`Decision.missing_power`). The gate's `require_power` narrows the required types
       (a partial pass the team accepts explicitly).
+  R8  no checked block at all (every episode shorter than a block): the divergence and gap tests
+      through the model cannot run, so a run that does not fail on what can be tested (the ending
+      test) is `inconclusive`, never pass.
 Top gap
   T1  among the dynamics-family gaps that fire (present or tolerated), the one the bootstrap
       separates (largest evidence in >= 90 % of replicates; attribution.separate_top), else none
       with the confounded ones listed;
-  T2  then the visual gap if it fires;
+  T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
 """
@@ -63,7 +66,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from wmcheck.checks.config import DYNAMICS_GAPS, SCORES, split_alpha
+from wmcheck.checks.config import DYNAMICS_GAPS, ROW_GAPS, SCORES, split_alpha
 from wmcheck.checks.evidence import CheckEvidence, DivergenceEvidence, EpisodeEvidence, GapEvidence
 
 RESIDUAL_GAPS = ("sensor_noise", "dynamics")
@@ -152,7 +155,7 @@ def _divergence_reasons(div: DivergenceEvidence, levels: Levels) -> list[str]:
 def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) -> Decision:
     """The verdicts of one check (rules E, G, R, T of the module docstring)."""
     episodes = {e.id: episode_verdict(e, levels) for e in ev.divergence.episodes}
-    gaps = {g: gap_verdict(ev.gaps[g]) for g in (*DYNAMICS_GAPS, "visual")}
+    gaps = {g: gap_verdict(ev.gaps[g]) for g in ROW_GAPS}
     dist = ev.distribution
     gaps["distribution"] = "not_checked" if dist is None else ("present" if dist.shifted else "absent")
     shifted = dist is not None and dist.shifted
@@ -162,7 +165,7 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
         tolerated = [g for g, v in gaps.items() if v == "tolerated"] if tolerate else []
         div = ev.corrected if (tolerated and ev.corrected is not None) else ev.divergence  # R2
         out = _divergence_reasons(div, levels)
-        for g in (*DYNAMICS_GAPS, "visual"):
+        for g in ROW_GAPS:
             red = gaps[g] == "present" or (not tolerate and gaps[g] == "tolerated")
             if red and g not in shift_confounded:  # R4
                 out.append(g)
@@ -178,6 +181,9 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     else:
         consistency = "pass"
     missing = ev.power.missing if ev.power is not None else ()
+    if consistency == "pass" and not ev.divergence.episodes:  # R8
+        consistency = "inconclusive"
+        missing = missing or (ev.power.required if ev.power is not None else ("every gap type",))
     if consistency == "pass" and missing:
         consistency = "inconclusive"  # R7
     verdict = consistency
@@ -209,6 +215,8 @@ def top_gap(ev: CheckEvidence, gaps: dict[str, str], pooled_reject: bool) -> tup
     if top == "none" and not confounded:
         if gaps["visual"] in ("present", "tolerated"):
             top = "visual"
+        elif gaps["ending"] in ("present", "tolerated"):
+            top = "ending"
         elif gaps["distribution"] == "present" and not pooled_reject:
             top = "distribution"
     return top, confounded

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from wmcheck.checks.config import DYNAMICS_GAPS
+from wmcheck.checks.config import ROW_GAPS
 
 
 @dataclass
@@ -129,12 +129,12 @@ class PowerEvidence:
 @dataclass
 class CheckEvidence:
     divergence: DivergenceEvidence  # the checked data as they are
-    gaps: dict[str, GapEvidence]  # DYNAMICS_GAPS and "visual"
+    gaps: dict[str, GapEvidence]  # config.ROW_GAPS: the dynamics-family tests, "ending" and "visual"
     distribution: DistributionEvidence | None = None
     corrected: DivergenceEvidence | None = None  # the same tests after the corrections of the gaps that fired
     policy_gate_passed: bool | None = None  # None: no policy was run
     power: PowerEvidence | None = None  # None: not evaluated (the power table's own replicates)
 
     def __post_init__(self) -> None:
-        missing = [g for g in (*DYNAMICS_GAPS, "visual") if g not in self.gaps]
+        missing = [g for g in ROW_GAPS if g not in self.gaps]
         assert not missing, f"CheckEvidence needs every gap test, missing {missing}"

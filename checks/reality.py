@@ -31,7 +31,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from wmcheck.checks.reality_wrappers import ActionLatency, ActuatorGap, PhysicsGap, SensorGap, VisualGap, _jsonable
+from wmcheck.checks.reality_wrappers import (
+    ActionLatency,
+    ActuatorGap,
+    PhysicsGap,
+    SensorGap,
+    TerminationGap,
+    VisualGap,
+    _jsonable,
+)
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.record import make_env, record_episodes
 
@@ -74,6 +82,9 @@ class RealityProfile:
     """Gaussian blur of rendered frames, sigma in pixels."""
     visual_noise_std: float | None = None
     """White Gaussian pixel noise of rendered frames, in grey levels (0-255)."""
+    termination_bounds: list | None = None
+    """Per observation channel, |obs| above which the episode terminates (null = none): an ending the
+    other system does not have (`TerminationGap`)."""
     physics: dict = field(default_factory=dict)
     """Physical parameter changes, `PhysicsGap` kwargs: {"m": 1.2, "dof_damping": {"scale": 1.5}}."""
     seed: int | None = 0
@@ -190,6 +201,8 @@ class RealityProfile:
                 for k, c in self.physics.items()
             ]
             parts.append("physics " + ", ".join(phys))
+        if self.termination_bounds is not None:
+            parts.append(f"terminates when |obs| > {_fmt(self.termination_bounds)}")
         return parts
 
 
@@ -214,6 +227,7 @@ def make_reality_env(
     try:
         p = profile
         env = PhysicsGap(env, **p.physics)
+        env = TerminationGap(env, p.termination_bounds)
         env = ActuatorGap(
             env,
             p.actuator_gain,

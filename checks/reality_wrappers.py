@@ -341,6 +341,33 @@ def _new_value(name: str, current, change):
     return np.asarray(change, np.float64)
 
 
+class TerminationGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """An ending the other system does not have: the episode terminates as soon as |obs_c| exceeds
+    bounds[c] for some channel c (None = no bound on that channel), on the true state, before the
+    sensors. A simulator whose pole "falls" where the real one never does, or a safety cut-off the
+    real plant lacks. With no bound given it is the identity."""
+
+    def __init__(self, env: gym.Env, bounds=None):
+        gym.utils.RecordConstructorArgs.__init__(self, bounds=bounds)
+        gym.Wrapper.__init__(self, env)
+        shape = getattr(env.observation_space, "shape", ())
+        self.bounds = None
+        if bounds is not None:
+            if not isinstance(bounds, (list, tuple)) or len(bounds) != int(np.prod(shape)):
+                raise UserError(
+                    f"termination bounds need one value (or null) per observation channel {shape}, got {bounds!r}",
+                    "e.g. [null, null, 4.0]",
+                )
+            self.bounds = np.array([np.inf if b is None else float(b) for b in bounds])
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.bounds is not None and bool((np.abs(np.asarray(obs, float).ravel()) > self.bounds).any()):
+            terminated = True
+            info = _with_reality(info, "terminated_by_bound", True)
+        return obs, reward, terminated, truncated, info
+
+
 class PhysicsGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Physical parameters differ: `PhysicsGap(env, m=1.2, l={"scale": 1.1})`.
 

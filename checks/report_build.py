@@ -23,6 +23,8 @@ NEXT_STEPS = {
     "system-identify them from the real logs",
     "distribution": "collect real logs in the states the checked episodes visit, or restrict the task / initial-state "
     "distribution to what the logs cover",
+    "ending": "compare the simulator's termination conditions (limits, safety cut-offs, failure thresholds) with the "
+    "real system's: its episodes end where reality's do not, or run on where reality stops",
     "visual": "match the simulator's rendering to the camera (lighting, exposure, colour, textures, blur, noise) as the "
     "photometric statistics say, or widen visual domain randomisation over them; re-check",
 }
@@ -196,6 +198,32 @@ def dynamics_row(g: GapEvidence, verdict: str) -> dict:
     return _row(g, verdict, estimate, None, text)
 
 
+def ending_row(g: GapEvidence, verdict: str) -> dict:
+    if not g.checked:
+        return _row(g, verdict, None, None, g.reason)
+    d = g.detail
+    text = (
+        f"{d.checked_terminated} of {d.checked_episodes} checked episodes terminate "
+        f"({d.checked_rate:.0%}{f', after {d.checked_steps:.0f} steps on average' if d.checked_steps else ''}); "
+        f"{d.real_terminated} of {d.real_episodes} real episodes do ({d.real_rate:.0%}"
+        f"{f', after {d.real_steps:.0f} steps' if d.real_steps else ''}); Fisher's exact test, episodes as the "
+        f"units: p = {d.p_value:.3g}"
+        + (f"; {d.not_judged} episode(s) ending outside the real logs' range not judged" if d.not_judged else "")
+    )
+    estimate = {
+        "checked_termination_rate": round(d.checked_rate, 4),
+        "real_termination_rate": round(d.real_rate, 4),
+        "checked_terminated": d.checked_terminated,
+        "checked_episodes": d.checked_episodes,
+        "real_terminated": d.real_terminated,
+        "real_episodes": d.real_episodes,
+        "p_value": r4(d.p_value),
+        "checked_mean_length": round(d.checked_length, 1),
+        "not_judged": d.not_judged,
+    }
+    return _row(g, verdict, estimate, None, text)
+
+
 def distribution_row(d: DistributionEvidence, verdict: str) -> dict:
     text = (
         f"{d.coverage:.0%} of checked steps lie inside the real data's support (latent distance within the 99% range of "
@@ -227,6 +255,15 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
         rows[g] = build(ev.gaps[g], dec.gaps[g])
     if ev.distribution is not None:
         rows["distribution"] = distribution_row(ev.distribution, dec.gaps["distribution"])
+    else:
+        rows["distribution"] = {
+            "verdict": "not_checked",
+            "evidence": None,
+            "estimate": None,
+            "ci": None,
+            "explanation": "no block of visited states to compare",
+        }
+    rows["ending"] = ending_row(ev.gaps["ending"], dec.gaps["ending"])
     for g in dec.confounded:
         rows[g]["confounded_with"] = [o for o in dec.confounded if o != g]
     for g, row in rows.items():
@@ -256,6 +293,7 @@ FAIL_WORDS = {
     "episodes": "{n_div} of {n_ep} episode(s) diverge from reality",
     "pooled": "the pooled test over all blocks finds the checked episodes worse than reality",
     "visual": "the checked camera frames differ from the real camera's (visual gap)",
+    "ending": "the checked episodes end differently from reality's (ending gap)",
     "coverage": "only {coverage:.0%} of the checked steps lie inside the real logs' support, below the gate's minimum",
     "policy_gate": "the policy gate is not met",
 }
@@ -349,6 +387,19 @@ def unattributed_sentence(ev: CheckEvidence, rows: dict) -> str:
     return (
         text
         + ". Look at the regimes and the worst blocks below; a physics or sensor difference the tests do not model is likely."
+    )
+
+
+def short_message(dec: Decision, rows: dict, why: str, n: int, lengths: list[int]) -> str:
+    """The message of a check where no block could be scored (rule R8)."""
+    span = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
+    head = "FAIL" if dec.verdict == "fail" else dec.verdict.upper()
+    text = f"{head}: {why}: {n} episode(s) of {span} steps, so the model's tests could not run"
+    if dec.verdict == "fail":
+        return text + f". They end differently from reality's: {rows['ending']['explanation']}."
+    return (
+        text + "; this is not a pass. How they end: " + rows["ending"]["explanation"] + ". What would fix it: "
+        "record longer episodes, or calibrate with a shorter --context / --horizon."
     )
 
 

@@ -366,11 +366,13 @@ def render_html(report: dict) -> str:
         + f"<td><b>{_fmt(p['smallest_detected'])}</b></td></tr>"
         for g, p in pw["gaps"].items()
     )
-    figs = [
-        f"<figure><img src='{_png(divergence_figure(report))}' alt='divergence vs horizon'>"
-        "<figcaption>Standardised open-loop error vs horizon: checked episodes against held-out real episodes."
-        "</figcaption></figure>"
-    ]
+    figs = []
+    if report["divergence_curve"]["horizon_steps"]:  # empty when no block could be scored
+        figs.append(
+            f"<figure><img src='{_png(divergence_figure(report))}' alt='divergence vs horizon'>"
+            "<figcaption>Standardised open-loop error vs horizon: checked episodes against held-out real episodes."
+            "</figcaption></figure>"
+        )
     for caption, fig in overlay_figures(report):
         figs.append(
             f"<figure><img src='{_png(fig)}' alt='overlay'>"
@@ -391,7 +393,7 @@ th{{background:#f4f4f4}} .dot{{display:inline-block;width:10px;height:10px;borde
 .v-divergent{{color:#c62828}} .v-unverifiable{{color:#ef6c00}} .v-consistent{{color:#2e7d32}}
 figure{{margin:8px 0}} figcaption{{font-size:12px;color:#555}} .warn{{color:#ef6c00}} code{{background:#f4f4f4;padding:1px 4px}}
 </style></head><body>
-<div class="verdict" id="verdict">Verdict: <b>{e(v.upper())}</b> &nbsp; score {s["score"]:.3f} &nbsp; top gap: {e(s["top_gap"])}</div>
+<div class="verdict" id="verdict">Verdict: <b>{e(v.upper())}</b> &nbsp; score {_fmt(s["score"])} &nbsp; top gap: {e(s["top_gap"])}</div>
 <p id="message">{e(s["message"])}</p>
 <p>{s["episodes"]} episodes checked: {s["consistent"]} consistent, {s["divergent"]} divergent, {s["unverifiable"]} unverifiable;
 {s.get("competent_blocks", 0)} of {s.get("blocks", 0)} blocks inside the model's competence. False-alarm budget alpha = {s["alpha"]} per run

@@ -46,7 +46,8 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
 
     w = SummaryWriter(str(logdir))
     s = report["summary"]
-    w.add_scalar("check/score", s["score"], 0)
+    if s["score"] is not None:
+        w.add_scalar("check/score", s["score"], 0)
     w.add_scalar("check/pass", 1.0 if report["verdict"] == "pass" else 0.0, 0)
     for key in ("divergent", "unverifiable", "consistent"):
         w.add_scalar(f"check/episodes_{key}", s[key], 0)
@@ -56,7 +57,8 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
     curve = report["divergence_curve"]
     for h, c, r in zip(curve["horizon_steps"], curve["checked_mean"], curve["real_mean"]):
         w.add_scalars("check/divergence_vs_horizon", {"checked": c, "real": r}, h)
-    w.add_figure("check/divergence_vs_horizon_fig", divergence_figure(report), 0)
+    if curve["horizon_steps"]:
+        w.add_figure("check/divergence_vs_horizon_fig", divergence_figure(report), 0)
     for i, (_caption, fig) in enumerate(overlay_figures(report)):
         w.add_figure(f"check/worst_block_{i}", fig, 0)
     reg = report.get("regimes")

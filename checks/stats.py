@@ -448,3 +448,19 @@ def sign_flip_test(d: np.ndarray, rng: np.random.Generator | None = None, flips:
     if se <= 0:
         return 0.0 if observed > 0 else 1.0
     return float(_norm_sf(observed / se))
+
+
+def fisher_exact_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided Fisher exact test that k1 of n1 and k2 of n2 come from one proportion: the sum of
+    the hypergeometric probabilities (margins fixed) no larger than the observed table's."""
+    if n1 <= 0 or n2 <= 0:
+        return 1.0
+    K, N = k1 + k2, n1 + n2
+    total = math.comb(N, n1)
+
+    def pmf(x: int) -> float:
+        return math.comb(K, x) * math.comb(N - K, n1 - x) / total
+
+    observed = pmf(k1)
+    lo, hi = max(0, n1 - (N - K)), min(K, n1)
+    return float(min(1.0, sum(q for q in (pmf(x) for x in range(lo, hi + 1)) if q <= observed * (1 + 1e-9))))

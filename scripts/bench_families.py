@@ -15,8 +15,9 @@ deterministic, biased and checked under other policies, so the families are:
   control        faithful simulators: the reality's full profile with fresh seeds, under the logs'
                  behaviour policy, under other excitation (faster held commands, a closed-loop
                  controller) and with other episode counts (few, many): every one should pass;
-  ending         the reality's profile with episodes that end early: shorter than one block, or
-                 one block long where reality runs on (truth: ending).
+  ending         the reality's profile plus a termination the real system does not have (episodes
+                 end where reality runs on; truth: ending), and the reality cut by a time limit
+                 shorter than a block (truncated, not terminated: no gap, but nothing to score).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class SystemSpec:
     policy: str = "hold:5"  # exciting behaviour policy of the real logs
     other_policies: tuple[str, ...] = ("hold:2",)  # other excitation for faithful controls (+ the controller)
     episode_counts: tuple[int, ...] = (4, 32)  # other checked-episode counts for faithful controls
-    ending_steps: tuple[int, ...] = (40, 64)  # episode lengths of the early-ending simulators
+    termination_bounds: list | None = None  # per channel |obs| bound of the early-ending simulator (None: no row)
+    ending_steps: tuple[int, ...] = (40,)  # time limits shorter than a block (truncated, not terminated)
     preset: str = "debug"
     steps: int = 3000
     batch_size: int = 32
@@ -137,6 +139,7 @@ PENDULUM = SystemSpec(
     dynamics_param="g",
     dynamics_sizes=(0.05, 0.1, 0.25, 0.5),
     controller="pendulum_pd",
+    termination_bounds=[None, None, 2.0],  # the simulator's pendulum "trips" at |theta_dot| > 2 rad/s
     check_episodes=8,
     controls=12,
     other_controls=3,
@@ -205,7 +208,7 @@ def quick(spec: SystemSpec) -> SystemSpec:
         episode_counts=(),
         deterministic_reps=1,
         reps=1,
-        ending_steps=(40,),
+        ending_steps=(),
         sizes={g: (s[-1],) for g, s in spec.sizes.items()},
         dynamics_sizes=spec.dynamics_sizes[-1:],
     )
@@ -365,19 +368,36 @@ def _perturbations(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarra
 
 def _endings(spec: SystemSpec, reality: RealityProfile) -> list[CheckJob]:
     jobs = []
-    for i, steps in enumerate(spec.ending_steps):
+    if spec.termination_bounds is not None:
         for rep in range(spec.ending_reps):
-            prof = dataclasses.replace(reality, seed=6000 + 10 * i + rep, name=f"ends after {steps} steps")
+            prof = dataclasses.replace(
+                reality, seed=6000 + rep, termination_bounds=list(spec.termination_bounds), name="terminates early"
+            )
             jobs.append(
                 CheckJob(
                     spec.name,
                     "ending",
-                    f"end{i}r{rep}",
+                    f"end-term-r{rep}",
                     prof.to_dict(),
                     spec.policy,
-                    60_000 + 100 * i + rep,
+                    60_000 + rep,
                     ("ending",),
-                    f"episodes end after {steps} steps",
+                    f"terminates when |obs| > {spec.termination_bounds}",
+                )
+            )
+    for i, steps in enumerate(spec.ending_steps):
+        for rep in range(spec.ending_reps):
+            prof = dataclasses.replace(reality, seed=6100 + 10 * i + rep, name=f"cut after {steps} steps")
+            jobs.append(
+                CheckJob(
+                    spec.name,
+                    "ending",
+                    f"end-cut{i}r{rep}",
+                    prof.to_dict(),
+                    spec.policy,
+                    61_000 + 100 * i + rep,
+                    (),
+                    f"time limit {steps} steps (no block)",
                     max_steps=steps,
                 )
             )

@@ -158,14 +158,17 @@ def test_bench_detection_quick(tmp_path):
     for c in s["checks"]:
         assert c["verdict"] in ("pass", "fail", "unverifiable", "inconclusive", "error")
         assert c["flagged"] == (c["verdict"] in ("fail", "unverifiable"))
-        assert c["score"] is None if c["verdict"] == "error" else 0.0 <= c["score"] <= 1.0
+        if c["verdict"] == "error" or c.get("blocks") == 0:  # nothing could be scored
+            assert c["score"] is None
+        else:
+            assert 0.0 <= c["score"] <= 1.0
         for b in ("arx", "mmd", "mlp"):
-            if c["family"] != "ending":  # episodes shorter than a block: nothing to test
+            if c["family"] != "ending":  # episodes may be shorter than a block: nothing to test
                 assert 0.0 < c["baselines"][b]["p"] <= 1.0 and c["baselines"][b]["score"] >= 0.0
         if c["family"] == "deterministic":
             assert "sensor_noise" in c["truth"]  # a noise-free simulator has a sensor-noise gap
     (ending,) = [c for c in s["checks"] if c["family"] == "ending"]
-    assert ending["verdict"] == "error" and "steps" in ending["error"]  # shorter than a block: today no verdict
+    assert ending["truth"] == ["ending"] and ending["verdict"] in ("fail", "inconclusive")  # a verdict, never exit 2
     summ = s["summary"]
     fa = summ["false_alarms"]["wmcheck"]
     assert fa["n"] == 2 and 0.0 <= fa["rate"] <= 1.0 and fa["ci95"][0] <= fa["rate"] <= fa["ci95"][1]

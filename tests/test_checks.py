@@ -88,6 +88,41 @@ def test_a_check_too_small_to_see_a_gap_is_inconclusive(pendulum, tmp_path):
     assert "INCONCLUSIVE" in report["summary"]["message"] and ", ".join(missing) in report["summary"]["message"]
 
 
+def test_a_simulator_that_ends_where_reality_does_not_fails_on_the_ending_row(pendulum, tmp_path):
+    """The simulator terminates when |theta_dot| > 2 (the real pendulum never terminates): its
+    episodes are often too short for a block, yet the check gives a verdict, not exit 2."""
+    jsonschema = pytest.importorskip("jsonschema")
+    run, meta, tmp = pendulum
+    eps = record_reality(
+        "Pendulum-v1",
+        RealityProfile(termination_bounds=[None, None, 2.0]),
+        "hold:5",
+        episodes=8,
+        max_steps=200,
+        seed=8000,
+    )
+    terminated = sum(bool(e.terminations[-1]) for e in eps)
+    assert terminated >= 6, terminated
+    path = tmp_path / "ends.h5"
+    write_log(path, eps, LogMeta(**{**meta.__dict__, "source": "sim"}))
+    report = run_check(run, path)
+    row = report["gaps"]["ending"]
+    assert row["verdict"] == "present" and row["estimate"]["checked_terminated"] == terminated, row
+    assert row["estimate"]["real_termination_rate"] == 0.0 and row.get("next_step")
+    assert report["verdict"] == "fail" and "ending" in report["summary"]["failing"], report["summary"]
+    paths = write_outputs(report, tmp_path / "ends-report")
+    jsonschema.validate(json.loads(paths["json"].read_text()), schema())
+    # the same episodes cut by a time limit (truncated, not terminated) end like reality's: nothing to fail
+    short = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=6, max_steps=40, seed=8100)
+    write_log(tmp_path / "short.h5", short, LogMeta(**{**meta.__dict__, "source": "sim"}))
+    cut = run_check(run, tmp_path / "short.h5")  # every episode shorter than a block (64 steps)
+    assert cut["verdict"] == "inconclusive" and cut["exit_code"] == 3, cut["summary"]
+    assert cut["summary"]["score"] is None and cut["gaps"]["ending"]["verdict"] == "absent"
+    assert "64 steps a block needs" in cut["summary"]["message"]
+    paths = write_outputs(cut, tmp_path / "short-report")
+    jsonschema.validate(json.loads(paths["json"].read_text()), schema())
+
+
 @pytest.fixture(scope="module")
 def latency_report(pendulum):
     run, meta, tmp = pendulum

@@ -55,7 +55,7 @@ def evidence(
     power=None,
 ) -> CheckEvidence:
     gaps = {}
-    for g in ("latency", "actuator", "sensor_noise", "dynamics", "visual"):
+    for g in ("latency", "actuator", "sensor_noise", "dynamics", "ending", "visual"):
         if g in not_checked:
             gaps[g] = GapEvidence.not_checked(g, "cannot run")
             continue
@@ -80,6 +80,21 @@ ALL_POWER = ("latency", "actuator", "sensor_noise", "sensor_bias")
 def power(undetectable=(), reliable=True, measured=True, required=ALL_POWER) -> PowerEvidence:
     detectable = {g: g not in undetectable for g in ALL_POWER} if measured else {}
     return PowerEvidence(detectable, reliable, 6, tuple(required))
+
+
+def no_blocks(**kwargs) -> CheckEvidence:
+    """Every episode shorter than a block: no divergence evidence, only the ending test."""
+    ev = evidence(**kwargs)
+    ev.divergence = DivergenceEvidence([], PooledEvidence({s: math.nan for s in CALM}))
+    ev.distribution = None
+    return ev
+
+
+def test_no_checked_block_is_inconclusive_unless_the_ending_fails():
+    dec = decide(no_blocks(), LEVELS)
+    assert (dec.verdict, dec.exit_code) == ("inconclusive", 3) and dec.missing_power
+    dec = decide(no_blocks(fire=("ending",)), LEVELS)
+    assert (dec.verdict, dec.failing, dec.top_gap) == ("fail", ("ending",), "ending")
 
 
 POWER_CASES = [
@@ -198,6 +213,7 @@ CASES = [
         "latency",
     ),
     ("R1 a visual gap fails", dict(fire=("visual",)), "fail", 1, ("visual",), "visual"),
+    ("R1/T2 an ending gap fails", dict(fire=("ending",)), "fail", 1, ("ending",), "ending"),
     ("R1 a failed policy gate fails a consistent check", dict(policy=False), "fail", 1, ("policy_gate",), "none"),
     (
         "G1 tests that could not run neither pass nor fail a gap",
@@ -263,7 +279,7 @@ def test_levels_split_alpha_over_scores_episodes_and_gaps():
     lv = Levels.for_check(0.05, 5)
     assert lv.episode == pytest.approx(0.025 / (2 * 3 * 5))
     assert lv.pooled == pytest.approx(0.025 / 6)
-    assert lv.gap == pytest.approx(0.05 / 8)
+    assert lv.gap == pytest.approx(0.05 / 10)  # half of alpha over the five gap tests
     assert lv.competence == pytest.approx(0.05 / 10)
     assert Levels.for_check(0.05, 50).episode < lv.episode  # more episodes, stricter per episode
 

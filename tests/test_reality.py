@@ -110,6 +110,20 @@ def test_process_noise_is_a_zero_mean_random_force_reproducible_per_seed():
         ActuatorGap(gym.make("Pendulum-v1"), noise_std=-1.0)
 
 
+def test_termination_bound_ends_episodes_reality_does_not_end():
+    from wmcheck.checks.reality import record_reality
+
+    eps = record_reality(
+        "Pendulum-v1", {"termination_bounds": [None, None, 2.0]}, "hold:5", episodes=4, max_steps=200, seed=0
+    )
+    assert all(e.terminations[-1] and e.num_steps < 200 for e in eps)
+    assert all(abs(e.observations[-1, 2]) > 2.0 and (np.abs(e.observations[:-1, 2]) <= 2.0).all() for e in eps)
+    free = record_reality("Pendulum-v1", {}, "hold:5", episodes=2, max_steps=50, seed=0)
+    assert not any(e.terminations.any() for e in free)
+    with pytest.raises(UserError, match="one value"):
+        make_reality_env("Pendulum-v1", {"termination_bounds": [1.0]})
+
+
 def test_actuator_parameters_are_per_channel():
     env = gym.make("HalfCheetah-v5")
     gain = np.array([1.0, 0.5, 0.0, -1.0, 2.0, 0.25])
