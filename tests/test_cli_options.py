@@ -49,3 +49,25 @@ def test_lower_layers_never_import_scripts():
         if pattern.search(p.read_text())
     ]
     assert offenders == []
+
+
+def test_a_misspelt_gate_key_exits_2_naming_it(tmp_path, capsys):
+    from wmcheck.scripts.cli import main
+
+    gate = tmp_path / "gate.yaml"
+    gate.write_text("tolerances:\n  latency: {max_step: 1}\n")
+    code = main(
+        [
+            "check",
+            str(tmp_path / "run"),
+            "--rollouts",
+            str(tmp_path / "sim.h5"),
+            "--out",
+            str(tmp_path / "o"),
+            "--gate",
+            str(gate),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "max_step" in err and "max_steps" in err, err  # the key and the accepted ones
+    assert not (tmp_path / "o" / "report.json").exists()
