@@ -313,6 +313,7 @@ def residual_evidence(
     reps: int,
     boot_idx,
     groups: tuple[np.ndarray, np.ndarray],
+    sensor_share: float = 1.0,
 ) -> ResidualStats:
     """Sensor-noise and dynamics evidence per channel from the blocks' one-step residual statistics
     (n, D) vs real blocks' (m, D): level (std), bias (mean) and colour (lag-1 autocorrelation).
@@ -322,7 +323,7 @@ def residual_evidence(
     negatively correlated), or, for a simulator cleaner than the sensor, smaller; a dynamics gap
     makes them larger and *more coloured* (the error is a smooth function of the state, so it
     persists from step to step).
-      sensor_noise  per channel: max(|z_level|, |z_bias|) over its critical value at alpha / (4 D)
+      sensor_noise  per channel: max(|z_level|, |z_bias|) over its critical value at sensor_share x alpha / (4 D)
                     (two-sided, two statistics), except on channels whose residuals are both larger
                     and significantly more coloured than reality's (those are dynamics);
       dynamics      per channel: min(z_level, z_colour) over the one-sided critical value at alpha / D:
@@ -339,7 +340,7 @@ def residual_evidence(
 
     gx, gy = (np.asarray(g) for g in groups)
     D = checked_std.shape[1]
-    crit_sensor = NormalDist().inv_cdf(1 - alpha / (4 * D))
+    crit_sensor = NormalDist().inv_cdf(1 - sensor_share * alpha / (4 * D))  # share: the rest goes to smoothness
     crit_dyn = NormalDist().inv_cdf(1 - alpha / D)
     log_real = np.log(np.maximum(real_std, 1e-12))
     refs = {"level": log_real, "bias": real_mean, "colour": real_ac1}
@@ -375,6 +376,41 @@ def residual_evidence(
         np.asarray(boots),
         np.asarray(dyn_boots),
     )
+
+
+SMOOTHNESS_SCORES = ("kl", "nll")
+"""The scores whose lower tail says "less surprising than reality": a simulator without noise."""
+
+
+@dataclass
+class Smoothness:
+    """A too-smooth simulator: its transitions are less surprising to the model than reality's."""
+
+    z: dict[str, float]  # score -> normal-scale z, checked vs real episodes (negative: less surprising)
+    kl_ratio: float  # mean KL(post || prior), checked / real
+    nll_difference: float  # mean one-step NLL, checked - real (nats per step and channel)
+    evidence: float  # -min(z) over its critical value: >= 1 means significantly smoother than reality
+
+
+def smoothness_evidence(checked: dict, checked_groups, real: dict, real_groups, level: float) -> Smoothness:
+    """The lower tail of the surprise scores (KL(post || prior), one-step NLL): episode-level Welch t
+    (stats.episode_t, KL on a log scale), mapped to the normal scale, Bonferroni over the two at
+    `level`. Every divergence test asks "worse than reality?"; a deterministic simulator is better
+    than reality on all of them (no sensor noise, no process noise), and this is where it shows."""
+    from statistics import NormalDist
+
+    from wmcheck.checks.stats import episode_t, log_pair, t_to_z
+
+    crit = NormalDist().inv_cdf(1 - level / len(SMOOTHNESS_SCORES))
+    z = {}
+    for s in SMOOTHNESS_SCORES:
+        x, y = np.asarray(checked[s], float), np.asarray(real[s], float)
+        if s != "nll":
+            x, y = log_pair(x, y)
+        z[s] = t_to_z(*episode_t(x, checked_groups, y, real_groups))
+    kl_ratio = float(np.mean(checked["kl"]) / max(float(np.mean(real["kl"])), 1e-12))
+    nll_diff = float(np.mean(checked["nll"]) - np.mean(real["nll"]))
+    return Smoothness(z, kl_ratio, nll_diff, max(0.0, -min(z.values())) / crit)
 
 
 @dataclass

@@ -321,9 +321,19 @@ class _PowerJudge:
             0,
             [],
             (ps.control_episode[idx], ps.null_episode),
+            sensor_share=0.5,
+        )
+        from wmcheck.checks.attribution import smoothness_evidence
+
+        smooth = smoothness_evidence(
+            {k: s[k][idx] for k in ("kl", "nll")},
+            ps.control_episode[idx],
+            {k: null[k] for k in ("kl", "nll")},
+            ps.null_episode,
+            split_alpha(self.alpha)[1] / 2,
         )
         return {
-            "sensor_noise": GapEvidence("sensor_noise", st.sensor_evidence),
+            "sensor_noise": GapEvidence("sensor_noise", max(st.sensor_evidence, smooth.evidence)),
             "dynamics": GapEvidence("dynamics", st.dynamics_evidence),
         }
 

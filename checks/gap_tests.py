@@ -10,7 +10,9 @@ previous ones leave, since a delay looks partly like a weaker gain):
      judge (commands inside the training range; attribution.allowed_corrections); Bonferroni
      over the searches; the estimate is the significant correction that explains the most;
   3. the corrections that fired are applied and the blocks re-scored: the residual tests
-     (sensor_noise, dynamics; attribution.residual_evidence) run on the corrected scores, and so
+     (sensor_noise, dynamics; attribution.residual_evidence) and the too-smooth test (the lower
+     tail of KL and one-step NLL; attribution.smoothness_evidence, half of sensor_noise's level)
+     run on the corrected scores, and so
      do the divergence tests the decision uses for tolerated gaps (`GapTests.corrected_scores`).
 Each test yields a `GapEvidence` with a typed detail (LatencyDetail, ActuatorDetail,
 ResidualDetail) that the report words; the gate's tolerances (config.Tolerances) set
@@ -98,6 +100,7 @@ class ResidualDetail:
     applied: list[str]  # corrections applied before the residual tests
     per_channel_ratio: np.ndarray  # (D,) open-loop error, checked / real
     per_horizon_ratio: np.ndarray  # (H,)
+    smoothness: attr.Smoothness | None = None  # the too-smooth test (sensor_noise's other half)
 
 
 @dataclass
@@ -253,6 +256,14 @@ def residual_tests(ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str
         ctx.cal.config.bootstrap,
         boot_idx,
         (ctx.blocks.episode[idx], ctx.cal.real_episode),
+        sensor_share=0.5,  # the other half of the sensor test's level: smoothness (too clean a simulator)
+    )
+    smooth = attr.smoothness_evidence(
+        {s: getattr(sc, s)[idx] for s in attr.SMOOTHNESS_SCORES},
+        ctx.blocks.episode[idx],
+        {s: getattr(real, s) for s in attr.SMOOTHNESS_SCORES},
+        ctx.cal.real_episode,
+        ctx.level / 2,
     )
     std = ctx.norm.std["obs"].astype(float)
     detail = ResidualDetail(
@@ -264,11 +275,16 @@ def residual_tests(ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str
         applied,
         sc.div_channel[idx].mean(0) / np.maximum(real.div_channel.mean(0), 1e-9),
         sc.div_curve[idx].mean(0) / np.maximum(real.div_curve.mean(0), 1e-9),
+        smooth,
     )
     worst = int(np.argmax(stats.sensor_per_channel))
     covers = ctx.tolerances.sensor_noise.covers(float(stats.ratio[worst]), float(stats.bias[worst] * std[worst]))
     sensor = GapEvidence(
-        "sensor_noise", stats.sensor_evidence, within_tolerance=covers, boot=stats.sensor_boot, detail=detail
+        "sensor_noise",
+        max(stats.sensor_evidence, smooth.evidence),
+        within_tolerance=covers,
+        boot=np.maximum(stats.sensor_boot, smooth.evidence),  # smoothness has no bootstrap: its point value
+        detail=detail,
     )
     dynamics = GapEvidence("dynamics", stats.dynamics_evidence, boot=stats.dynamics_boot, detail=detail)
     return sensor, dynamics

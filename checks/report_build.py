@@ -152,6 +152,25 @@ def sensor_row(g: GapEvidence, verdict: str) -> dict:
             f"; not counted on {', '.join(coloured)}, whose larger residuals are more coloured than reality's "
             f"(dynamics, not sensor noise)"
         )
+    sm = d.smoothness
+    smooth = None
+    if sm is not None:
+        smooth = {
+            "kl_ratio": round(sm.kl_ratio, 4),
+            "nll_difference": round(sm.nll_difference, 4),
+            "z": {k: round(v, 3) for k, v in sm.z.items()},
+            "evidence": round(sm.evidence, 3),
+        }
+        lead = sm.evidence >= 1 and sm.evidence >= s.sensor_evidence
+        part = (
+            f"transitions {'less' if sm.kl_ratio < 1 else 'more'} surprising than reality's: KL(post || prior) "
+            f"{sm.kl_ratio:.2f}x the real episodes', one-step NLL {sm.nll_difference:+.3g} nats (z = "
+            f"{min(sm.z.values()):.2f})"
+        )
+        if lead:
+            text = "the simulator is smoother than reality (missing sensor or process noise): " + part + "; " + text
+        else:
+            text += "; " + part
     return _row(
         g,
         verdict,
@@ -160,6 +179,7 @@ def sensor_row(g: GapEvidence, verdict: str) -> dict:
             "noise_ratio": float(s.ratio[w]),
             "bias": float(s.bias[w] * std[w]),
             "per_channel": per_channel,
+            "smoothness": smooth,
         },
         [float(s.ratio_lo[w]), float(s.ratio_hi[w])],
         text,

@@ -264,3 +264,34 @@ def test_bench_detection_statistics():
     assert always[fa_key] is False and never[fa_key] is True
     det = [k for k in always if "detected >=" in k]
     assert len(det) >= 4 and all(always[k] for k in det) and not any(never[k] for k in det)
+
+
+def test_bench_twins_truth_and_method_of_bins():
+    """The twins benchmark's own pieces, without training: the method-of-bins curve reproduces a
+    known power curve, and the twin truth per bin is the measured simulator - real difference."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_twins as bt
+    finally:
+        sys.path.pop(0)
+    from wmcheck.datasets.episode import Episode
+
+    rng = np.random.default_rng(0)
+    names = {"Ws_avg": 0, "Va_avg": 1, "Ot_avg": 2}
+
+    def week(i, offset=0.0):
+        v = rng.uniform(0, 12, 300)
+        p = np.clip(2.0 * v**3, 0, 2050) + offset  # a known curve (15 degC: rho close to rho_ref)
+        inputs = np.stack([v, np.zeros(300), np.full(300, 15.0)], 1).astype(np.float32)
+        obs = np.concatenate([[0.0], p])[:, None].astype(np.float32)
+        return Episode(obs, np.zeros((300, 2), np.float32), inputs=inputs, id=i)
+
+    real = [week(i) for i in range(6)]
+    mob = bt.MethodOfBins(names, rho_ref=1.225).fit(real)
+    sim = [mob.replay(e) for e in real]
+    err = np.concatenate([s.observations[1:, 0] - r.observations[1:, 0] for s, r in zip(sim, real)])
+    assert np.median(np.abs(err)) < 60  # within a 0.5 m/s bin of a cubic curve
+    biased = [dataclasses.replace(e, observations=e.observations + 100.0) for e in real]
+    truth = bt.twin_truth(biased, real, names, [(0, 6), (6, 12)])
+    assert [t["median"] for t in truth] == pytest.approx([100.0, 100.0], abs=1e-3)
+    assert all(t["ci"][0] <= 100.0 + 1e-3 and t["ci"][1] >= 100.0 - 1e-3 and t["steps"] > 0 for t in truth)

@@ -201,3 +201,26 @@ def test_episode_level_tests_keep_alpha_and_grow_with_the_gap():
     assert min(x6.min(), x9.min()) > y.max()
     assert clustered_mann_whitney(x6, g6, y, gy) == clustered_mann_whitney(x9, g9, y, gy)
     assert episode_t_greater(x9, g9, y, gy, log=True) < episode_t_greater(x6, g6, y, gy, log=True)
+
+
+def test_smoothness_finds_a_simulator_less_surprising_than_reality_and_holds_alpha():
+    """The lower tail of KL / NLL: a noise-free simulator's transitions surprise the model less than
+    reality's; faithful draws stay below the threshold at about the level."""
+    from wmcheck.checks.attribution import smoothness_evidence
+
+    rng = np.random.default_rng(0)
+
+    def episodes(n, kl_scale, nll_shift, blocks=4):
+        eff = rng.normal(0, 0.1, n)  # an episode effect: blocks of one episode are alike
+        g = np.repeat(np.arange(n), blocks)
+        kl = np.exp(np.log(0.5 * kl_scale) + eff[g] + rng.normal(0, 0.1, n * blocks))
+        nll = -1.4 + nll_shift + eff[g] + rng.normal(0, 0.05, n * blocks)
+        return {"kl": kl, "nll": nll}, g
+
+    real, rg = episodes(16, 1.0, 0.0)
+    smooth, sg = episodes(8, 0.6, -0.2)
+    assert smoothness_evidence(smooth, sg, real, rg, 0.005).evidence >= 1
+    noisier, ng = episodes(8, 1.6, 0.2)
+    assert smoothness_evidence(noisier, ng, real, rg, 0.005).evidence == 0.0  # one-sided: smoother only
+    fired = sum(smoothness_evidence(*episodes(8, 1.0, 0.0), real, rg, 0.05).evidence >= 1 for _ in range(200))
+    assert fired <= 0.05 * 200 + 3 * np.sqrt(0.05 * 0.95 * 200), fired  # holds its level (binomial margin)
