@@ -52,8 +52,6 @@ def _row(g: GapEvidence, verdict: str, estimate, ci, explanation: str, **extra) 
 
 
 def latency_row(g: GapEvidence, verdict: str) -> dict:
-    if not g.checked:
-        return _row(g, verdict, None, None, g.reason)
     d = g.detail
     direction = (
         f"the simulator lacks ~{d.steps} step(s) of latency (responds earlier than reality)"
@@ -79,8 +77,6 @@ def latency_row(g: GapEvidence, verdict: str) -> dict:
 
 
 def actuator_row(g: GapEvidence, verdict: str) -> dict:
-    if not g.checked:
-        return _row(g, verdict, None, None, g.reason)
     d = g.detail
     b = d.best
     per_channel: dict[str, dict] = {}
@@ -125,8 +121,6 @@ def actuator_row(g: GapEvidence, verdict: str) -> dict:
 
 
 def sensor_row(g: GapEvidence, verdict: str) -> dict:
-    if not g.checked:
-        return _row(g, verdict, None, None, g.reason)
     d = g.detail
     s, names, std = d.stats, d.names, d.std
     w = int(np.argmax(s.sensor_per_channel))
@@ -187,8 +181,6 @@ def sensor_row(g: GapEvidence, verdict: str) -> dict:
 
 
 def dynamics_row(g: GapEvidence, verdict: str) -> dict:
-    if not g.checked:
-        return _row(g, verdict, None, None, g.reason)
     d = g.detail
     s, names = d.stats, d.names
     w = int(np.argmax(s.dynamics_per_channel))
@@ -219,8 +211,6 @@ def dynamics_row(g: GapEvidence, verdict: str) -> dict:
 
 
 def ending_row(g: GapEvidence, verdict: str) -> dict:
-    if not g.checked:
-        return _row(g, verdict, None, None, g.reason)
     d = g.detail
     text = (
         f"{d.checked_terminated} of {d.checked_episodes} checked episodes terminate "
@@ -269,10 +259,17 @@ def distribution_row(d: DistributionEvidence, verdict: str) -> dict:
 
 def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, dict]:
     """The report's `gaps`: every row's verdict is the decision's."""
-    builders = {"latency": latency_row, "actuator": actuator_row, "sensor_noise": sensor_row, "dynamics": dynamics_row}
+    builders = {
+        "latency": latency_row,
+        "actuator": actuator_row,
+        "sensor_noise": sensor_row,
+        "dynamics": dynamics_row,
+        "ending": ending_row,
+    }
     rows = {"visual": dict(visual_row, verdict=dec.gaps["visual"])}
     for g, build in builders.items():
-        rows[g] = build(ev.gaps[g], dec.gaps[g])
+        e = ev.gaps[g]  # a test that could not run has no detail: its row says why
+        rows[g] = build(e, dec.gaps[g]) if e.checked else _row(e, dec.gaps[g], None, None, e.reason)
     if ev.distribution is not None:
         rows["distribution"] = distribution_row(ev.distribution, dec.gaps["distribution"])
     else:
@@ -283,7 +280,6 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
             "ci": None,
             "explanation": "no block of visited states to compare",
         }
-    rows["ending"] = ending_row(ev.gaps["ending"], dec.gaps["ending"])
     for g in dec.confounded:
         rows[g]["confounded_with"] = [o for o in dec.confounded if o != g]
     for g, row in rows.items():
