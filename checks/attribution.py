@@ -390,6 +390,7 @@ class Smoothness:
     kl_ratio: float  # mean KL(post || prior), checked / real
     nll_difference: float  # mean one-step NLL, checked - real (nats per step and channel)
     evidence: float  # -min(z) over its critical value: >= 1 means significantly smoother than reality
+    critical: float = 0.0  # the normal critical value at the test's level (Bonferroni over the scores)
 
 
 def smoothness_evidence(checked: dict, checked_groups, real: dict, real_groups, level: float) -> Smoothness:
@@ -410,7 +411,7 @@ def smoothness_evidence(checked: dict, checked_groups, real: dict, real_groups, 
         z[s] = t_to_z(*episode_t(x, checked_groups, y, real_groups))
     kl_ratio = float(np.mean(checked["kl"]) / max(float(np.mean(real["kl"])), 1e-12))
     nll_diff = float(np.mean(checked["nll"]) - np.mean(real["nll"]))
-    return Smoothness(z, kl_ratio, nll_diff, max(0.0, -min(z.values())) / crit)
+    return Smoothness(z, kl_ratio, nll_diff, max(0.0, -min(z.values())) / crit, crit)
 
 
 @dataclass

@@ -157,9 +157,9 @@ def sensor_row(g: GapEvidence, verdict: str) -> dict:
         }
         lead = sm.evidence >= 1 and sm.evidence >= s.sensor_evidence
         part = (
-            f"transitions {'less' if sm.kl_ratio < 1 else 'more'} surprising than reality's: KL(post || prior) "
-            f"{sm.kl_ratio:.2f}x the real episodes', one-step NLL {sm.nll_difference:+.3g} nats (z = "
-            f"{min(sm.z.values()):.2f})"
+            f"surprise against reality's: KL(post || prior) {sm.kl_ratio:.2f}x the real episodes', one-step NLL "
+            f"{sm.nll_difference:+.3g} nats (smoothness z = {min(sm.z.values()):.2f}; smoother than reality "
+            f"below -{sm.critical:.2f})"
         )
         if lead:
             text = "the simulator is smoother than reality (missing sensor or process noise): " + part + "; " + text
