@@ -6,7 +6,7 @@ Owns the order of a check, in three stages (each in its own module):
                the visual test (visual.py), the distribution test and, with a policy, the
                closed-loop policy check (policy_check.py); all of it typed (evidence.py);
   2. decision  `decision.decide`: the only place where a verdict is decided (its docstring lists
-               every rule); the power table (calibration.power_table) calls the same function;
+               every rule); the power table (power.power_table) calls the same function;
   3. report    report_build.py words the evidence and the decision; this module assembles the
                report dict (figures' data under private `_` keys for the HTML and TensorBoard).
 The false-alarm budget alpha is split by config.split_alpha and decision.Levels: half for the
@@ -24,7 +24,7 @@ import numpy as np
 
 from wmcheck.checks import report_build as rb
 from wmcheck.checks.blocks import Blocks, block_controls, block_states, make_blocks
-from wmcheck.checks.calibration import Calibration, power_table
+from wmcheck.checks.calibration import Calibration
 from wmcheck.checks.config import POWER_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
 from wmcheck.checks.decision import Decision, Levels, decide
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, score_arrays
@@ -32,6 +32,7 @@ from wmcheck.checks.endings import ending_evidence
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
+from wmcheck.checks.power import power_table
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.stats import block_mmd_test, conformal_p, rank_auc

@@ -22,7 +22,7 @@ POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
 simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "ending", "distribution")
 POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias")
-"""The gap types the power table injects (calibration.POWER_SIZES), which a pass needs power on."""
+"""The gap types the power table injects (power.POWER_SIZES), which a pass needs power on."""
 DYNAMICS_GAPS = ("latency", "actuator", "sensor_noise", "dynamics")
 """The attribution's gap tests through the model; each one found present fails a check."""
 GAP_TESTS = (*DYNAMICS_GAPS, "ending")

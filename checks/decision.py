@@ -1,7 +1,7 @@
 """The verdicts of a check, decided in one place: `decide(evidence, levels) -> Decision`.
 
 Owns every rule that turns evidence (evidence.py) into verdicts. Nothing else in wmcheck decides
-a verdict: `run_check` calls this on the checked data, `calibration.power_table` on injected
+a verdict: `run_check` calls this on the checked data, `power.power_table` on injected
 real blocks (so "what a pass is worth" is what a check would conclude), and the report only
 words the `Decision`. Each rule below has a row in tests/test_decision.py.
 

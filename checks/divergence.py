@@ -1,7 +1,7 @@
 """The divergence tests as evidence: competence per block, one test per episode, one pooled test.
 
 Owns the array-level builders of `DivergenceEvidence` (evidence.py) from block scores, so that
-`run_check` and `calibration.power_table` run exactly the same tests:
+`run_check` and `power.power_table` run exactly the same tests:
   - competence: a block is inside the model's competence when the median of its steps' latent
     distances to the training support is within the (1 - competence_alpha) quantile of held-out
     real steps', and (ensembles) its disagreement's conformal p is at least competence_alpha;

@@ -17,7 +17,7 @@ strings. Every test a check runs leaves one of these:
   DistributionEvidence the two-sample test of the visited states and the coverage of the support
   PowerEvidence        which gap types a check of this size could have detected (a pass needs it)
   CheckEvidence        all of the above for one check, plus the policy gate's outcome
-The power table (calibration.power_table) builds the same dataclasses on injected real blocks, so
+The power table (power.power_table) builds the same dataclasses on injected real blocks, so
 the decision it replays is the check's own.
 """
 
@@ -107,7 +107,7 @@ class DistributionEvidence:
 
 @dataclass
 class PowerEvidence:
-    """What the power table says a check of this size could have detected (calibration.power_table)."""
+    """What the power table says a check of this size could have detected (power.power_table)."""
 
     detectable: dict[str, bool]  # power gap type -> detected at some tested size with probability >= target
     reliable: bool = True  # False: the uninjected control already reaches the target (held-out episodes differ)

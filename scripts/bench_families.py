@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wmcheck.checks.calibration import POWER_SIZES
+from wmcheck.checks.power import POWER_SIZES
 from wmcheck.checks.reality import RealityProfile
 
 # ---- controllers (closed-loop checks under another policy) -------------------------------------------
