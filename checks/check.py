@@ -140,7 +140,10 @@ def run_check(
     rng = np.random.default_rng(seed)
     comp = _competence(sc, cal, gate)
     comp_idx = np.flatnonzero(comp.competent)
-    div = _divergence(inp, sc, comp.competent, alpha)
+    twin = _real_twins(inp.blocks, cal, len(inp.bundle.channels.get("action_names", [])))  # (n,) once per check
+    flagged = _flagged_blocks(sc, cal, comp.competent, alpha)
+    div = _divergence(inp, sc, comp.competent, twin)
+    _episode_details(div, inp, sc, flagged, alpha)
     gt = run_gap_tests(
         GapContext(
             model,
@@ -157,7 +160,7 @@ def run_check(
             inp.meta.dt,
         )
     )
-    corrected = div if gt.corrected_scores is sc else _divergence(inp, gt.corrected_scores, comp.competent, alpha, sc)
+    corrected = div if gt.corrected_scores is sc else _divergence(inp, gt.corrected_scores, comp.competent, twin)
     visual_row = _visual(model, run_dir, inp.checked, alpha, clip_model, gate.tolerances.visual)
     gaps = {**gt.gaps, "visual": _visual_evidence(visual_row), "ending": ending}
     dist = _distribution(inp, comp, gate, alpha, rng)
@@ -168,7 +171,7 @@ def run_check(
             inp.norm,
             inp.episodes,
             policy,
-            _episode_blocks(inp, sc, comp, alpha),
+            _episode_blocks(inp, sc, comp, flagged),
             gate.policy,
             alpha,
             _onset_threshold(cal, alpha),
@@ -282,25 +285,30 @@ def _onset_threshold(cal: Calibration, alpha: float) -> np.ndarray:
     return np.quantile(cal.real.div_curve, 1 - alpha, axis=0)  # (H,) per-horizon threshold for the onset
 
 
+def _p_floor(cal: Calibration, alpha: float) -> float:
+    """The conformal p a block must reach to be flagged: alpha, or (with few calibration blocks,
+    where p cannot go below 1/(m+1)) a score above every real block."""
+    return max(alpha, 1.0 / (len(cal.real.divergence) + 1))
+
+
 def _flagged_blocks(sc: BlockScores, cal: Calibration, competent: np.ndarray, alpha: float) -> np.ndarray:
-    """(n,) competent blocks that a score flags: conformal p below alpha, or (with few calibration
-    blocks, where p cannot go below 1/(m+1)) a score above every real block."""
-    p_floor = max(alpha, 1.0 / (len(cal.real.divergence) + 1))
+    """(n,) competent blocks that some score flags (conformal p at or below `_p_floor`)."""
     block_p = np.min(np.stack([conformal_p(getattr(sc, s), getattr(cal.real, s)) for s in SCORES]), 0)  # (n,)
-    return competent & (block_p <= p_floor)
+    return competent & (block_p <= _p_floor(cal, alpha))
 
 
-def _divergence(inp: CheckInputs, sc: BlockScores, competent: np.ndarray, alpha: float, onset_scores=None):
-    """The divergence tests with the report's details per episode (name, steps, onset, score)."""
-    cal, blocks = inp.cal, inp.blocks
-    twin = _real_twins(blocks, cal, len(inp.bundle.channels.get("action_names", [])))
-    div = divergence_evidence(
-        score_arrays(sc), score_arrays(cal.real), cal.real_episode, blocks.episode, competent, twin
+def _divergence(inp: CheckInputs, sc: BlockScores, competent: np.ndarray, twin: np.ndarray):
+    """The divergence tests (twin (n,): each block's real twin or -1, from `_real_twins`)."""
+    cal = inp.cal
+    return divergence_evidence(
+        score_arrays(sc), score_arrays(cal.real), cal.real_episode, inp.blocks.episode, competent, twin
     )
-    onset_sc = onset_scores or sc
-    flagged = _flagged_blocks(onset_sc, cal, competent, alpha)
+
+
+def _episode_details(div, inp: CheckInputs, sc: BlockScores, flagged: np.ndarray, alpha: float) -> None:
+    """The report's details per episode (name, steps, score, mean scores, onset), in place."""
+    cal, blocks = inp.cal, inp.blocks
     div_q = _onset_threshold(cal, alpha)
-    p_floor = max(alpha, 1.0 / (len(cal.real.divergence) + 1))
     by_id = {e.id: e for e in inp.checked}
     for e in div.episodes:
         idx = np.flatnonzero(blocks.episode == e.id)
@@ -309,11 +317,10 @@ def _divergence(inp: CheckInputs, sc: BlockScores, competent: np.ndarray, alpha:
         e.mean_scores = {s: float(v[idx].mean()) for s, v in score_arrays(sc).items()}
         for b in idx[flagged[idx]]:  # the first flagged competent block: where divergence starts
             over = np.array([], int)
-            if conformal_p(onset_sc.divergence[b], cal.real.divergence)[0] <= p_floor:
-                over = np.flatnonzero(onset_sc.div_curve[b] > div_q)
+            if conformal_p(sc.divergence[b], cal.real.divergence)[0] <= _p_floor(cal, alpha):
+                over = np.flatnonzero(sc.div_curve[b] > div_q)
             e.onset_step = int(blocks.start[b] + inp.cfg.context + (over[0] if len(over) else 0))
             break
-    return div
 
 
 def _power_evidence(power: dict, inp: CheckInputs, gate: Gate) -> PowerEvidence:
@@ -353,8 +360,7 @@ def _distribution(inp: CheckInputs, comp: Competence, gate: Gate, alpha: float, 
     )
 
 
-def _episode_blocks(inp: CheckInputs, sc: BlockScores, comp: Competence, alpha: float) -> EpisodeBlocks:
-    flagged = _flagged_blocks(sc, inp.cal, comp.competent, alpha)
+def _episode_blocks(inp: CheckInputs, sc: BlockScores, comp: Competence, flagged: np.ndarray) -> EpisodeBlocks:
     ep = inp.blocks.episode
     return EpisodeBlocks(
         flagged={int(e.id): bool(flagged[ep == e.id].any()) for e in inp.checked},
