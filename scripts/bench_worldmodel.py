@@ -7,22 +7,24 @@ For each system:
                observation, pitch and yaw the actions, wind speed / direction / temperature inputs
   lhb-full     (only when asked for with --systems) the full four-turbine file from
                /work/shared/data/la-haute-borne/, skipped when it is absent
-we train the world model with `wmcheck.training.run.train` (offline, small data: lr 1e-3 with a
-short warm-up instead of the reference's 4e-5 / 1000), take held-out windows from the validation
-episodes of the data module's episode-level split (`LogDataModule.openloop_sequence`), and compare
-on exactly those windows, after the same `context` observed steps, under the logged controls:
-  - the world model (`evaluate_openloop`: mean of 16 sampled rollouts; its 90% interval's coverage);
-  - persistence (the last context value);
-  - ARX(p, q) fitted on the same training episodes, orders chosen by open-loop error on an inner
-    split of the training episodes (scripts/baselines_openloop.py); ARX(2, 2) also in the JSON.
-NRMSE is RMSE in normalised units (RMSE / training std), averaged over observation channels.
+we train the world model with `wmcheck.training.run.train` twice on the same log, in one run:
+  fixed     the budget the benchmarks used before the defaults changed (size1m, lr 1e-3, warm-up 100,
+            a fixed number of steps, no early stopping);
+  defaults  `TrainConfig()` as `wmcheck train LOG --out RUN` uses it without a flag (early stopping
+            on the validation loss, the best checkpoint exported);
+and compare the quality cards `train` writes (training/quality.py): on held-out windows of the
+validation episodes, after `context` observed steps, under the logged controls, the world model
+(mean of 16 sampled rollouts) against persistence and ARX(p, q) fitted on the training episodes
+(orders chosen by open-loop error on an inner split of them), and the coverage of the model's 90%
+interval raw and conformally calibrated (cross-fitted by held-out episode). NRMSE is RMSE in
+normalised units (RMSE / training std), averaged over observation channels.
 
-    .venv/bin/python scripts/bench_worldmodel.py                     # all three systems (~15-18 min on a shared 2-core CPU)
+    .venv/bin/python scripts/bench_worldmodel.py                     # all three systems, both configurations
     .venv/bin/python scripts/bench_worldmodel.py --systems halfcheetah --steps 3000
     .venv/bin/python scripts/bench_worldmodel.py --quick             # seconds: a smoke test of the script
 
 Writes OUT/bench_worldmodel.json and .md; logs and runs go to OUT/work/<system>/ (`--reuse` keeps
-them: a finished run is then evaluated again without retraining).
+the logs).
 """
 
 from __future__ import annotations
@@ -39,19 +41,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wmcheck.datasets.split import split_episodes
-from wmcheck.datasets.windows import WindowSampler
-from wmcheck.scripts.baselines_openloop import ARX, persistence, select_arx, step_seqs_from_batches
 from wmcheck.scripts.bench_report import finish, machine_info, write_results
-from wmcheck.training.checkpoint import load_model
 from wmcheck.training.config import TrainConfig
-from wmcheck.training.datamodule import LogDataModule
-from wmcheck.training.openloop import evaluate_openloop, horizon_metrics
 from wmcheck.training.run import build_run_config, train
 
 CONTEXT = 16
 HORIZONS = (1, 4, 16, 64)
-WINDOWS = 128  # held-out windows per system (cycling through the validation episodes)
+CONFIGS = ("fixed", "defaults")
 
 
 @dataclass
@@ -126,13 +122,6 @@ def make_log(spec: SystemSpec, path: Path) -> dict:
     return {"source": what, "episodes": len(ids), "steps": steps}
 
 
-def coverage_by_horizon(res, horizons) -> list[float | None]:
-    """Fraction of true values inside the 90% interval at each horizon (all channels)."""
-    truth = res.truth[:, res.context :]  # (B, H, D)
-    inside = (truth >= res.lower) & (truth <= res.upper)  # (B, H, D)
-    return [float(inside[:, h - 1].mean()) if h <= truth.shape[1] else None for h in horizons]
-
-
 def _clean(x):
     """NaN -> None for JSON."""
     if isinstance(x, np.ndarray):
@@ -144,12 +133,44 @@ def _clean(x):
     return x
 
 
+def train_config(spec: SystemSpec, config: str, args) -> TrainConfig:
+    """ "fixed": the spec's budget (lr, warm-up, steps, no early stopping) as the benchmarks ran
+    before the defaults changed; "defaults": TrainConfig's defaults (preset, lr, early stopping,
+    step cap) with only the evaluation protocol fixed."""
+    protocol = dict(
+        seed=0,
+        openloop_context=CONTEXT,
+        openloop_horizons=HORIZONS,
+        openloop_windows=16,
+        progress_bar=False,
+        accelerator="cpu" if args.device == "cpu" else "auto",
+    )
+    if config == "defaults":
+        base = TrainConfig()
+        if args.quick:  # a seconds-long smoke test of the same path
+            return TrainConfig(**protocol, max_steps=8, val_every=4, warmup=2, batch_size=4, seq_len=16)
+        return dataclasses.replace(base, **protocol)
+    return TrainConfig(
+        preset=spec.preset,
+        max_steps=spec.steps,
+        batch_size=spec.batch_size,
+        seq_len=spec.seq_len,
+        lr=spec.lr,
+        warmup=spec.warmup,
+        val_every=spec.steps + 1,
+        patience=0,
+        ckpt_every=max(spec.steps // 4, 1),
+        log_every=max(spec.steps // 20, 1),
+        **protocol,
+    )
+
+
 def run_system(spec: SystemSpec, work: Path, args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    log_path, run_dir = work / "log.h5", work / "run"
+    log_path = work / "log.h5"
     t0 = time.perf_counter()
     if not (args.reuse and log_path.exists()):
-        for stale in (log_path, run_dir):
+        for stale in [log_path] + [work / f"run-{c}" for c in CONFIGS]:
             if stale.is_dir():
                 shutil.rmtree(stale)
             elif stale.exists():
@@ -158,139 +179,78 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
         (work / "data.json").write_text(json.dumps(data))
     data = json.loads((work / "data.json").read_text())
     t_data = time.perf_counter() - t0
-
-    cfg = TrainConfig(
-        preset=spec.preset,
-        max_steps=spec.steps,
-        batch_size=spec.batch_size,
-        seq_len=spec.seq_len,
-        lr=spec.lr,
-        warmup=spec.warmup,
-        seed=0,
-        val_every=spec.steps + 1,
-        ckpt_every=max(spec.steps // 4, 1),
-        log_every=max(spec.steps // 20, 1),
-        openloop_context=CONTEXT,
-        openloop_horizons=HORIZONS,
-        progress_bar=False,
-        accelerator="cpu" if args.device == "cpu" else "auto",
-    )
-    print(
-        f"[{spec.name}] {data['source']}: {data['episodes']} episodes, {data['steps']} steps; training "
-        f"{spec.preset} for {spec.steps} steps (B={spec.batch_size}, T={spec.seq_len}, lr={spec.lr:g}, "
-        f"warmup={spec.warmup})",
-        flush=True,
-    )
-    t1 = time.perf_counter()
-    result = train(log_path, run_dir, build_run_config(cfg))
-    t_train = time.perf_counter() - t1
-
-    t2 = time.perf_counter()
-    dm = LogDataModule(log_path, cfg)
-    dm.prepare()
-    seq = dm.openloop_sequence(windows=args.windows, length=CONTEXT + max(HORIZONS))
-    if seq is None:
-        raise RuntimeError(f"{spec.name}: no held-out episode long enough for a context of {CONTEXT}")
-    T = seq.obs.shape[1]
-    horizons = tuple(h for h in HORIZONS if h <= T - CONTEXT)
-    obs = seq.obs.numpy().astype(np.float64)  # (B, T, D)
-    ctrl = np.concatenate([seq.prev_action.numpy(), seq.prev_input.numpy()], -1).astype(np.float64)  # (B, T, U)
-    truth = obs[:, CONTEXT:]  # (B, H, D)
-
-    bundle = load_model(run_dir)
-    torch.manual_seed(0)
-    res = evaluate_openloop(bundle.model, seq, CONTEXT, horizons, samples=16)
-
-    sampler = WindowSampler(log_path, dm.train_ids, dm.normalizer, 1)
-    train_seqs = step_seqs_from_batches(sampler.episodes())
-    inner_train_ids, inner_val_ids = split_episodes(dm.train_ids, 0.2, seed=1)
-    by_id = dict(zip(dm.train_ids, train_seqs))
-    sel = select_arx(
-        [by_id[i] for i in inner_train_ids], [by_id[i] for i in inner_val_ids], context=CONTEXT, horizon=max(HORIZONS)
-    )
-    arx = ARX(sel.p, sel.q).fit(train_seqs)
-    arx22 = ARX(2, 2).fit(train_seqs)
-    preds = {
-        "persistence": persistence(obs, CONTEXT),
-        "arx": arx.openloop(obs, ctrl, CONTEXT),
-        "arx22": arx22.openloop(obs, ctrl, CONTEXT),
-    }
-    t_eval = time.perf_counter() - t2
-
-    methods = {"world_model": {"nrmse": res.nrmse}}
-    for name, pred in preds.items():
-        nrmse, _ = horizon_metrics(pred, truth, horizons)
-        methods[name] = {"nrmse": nrmse}
-    out_methods = {}
-    for name, m in methods.items():
-        out_methods[name] = {
-            "nrmse_mean": _clean([float(np.mean(r)) for r in m["nrmse"]]),  # mean over channels per horizon
-            "nrmse_per_channel": _clean(m["nrmse"]),
+    runs = {}
+    for config in args.configs:
+        cfg = train_config(spec, config, args)
+        print(
+            f"[{spec.name}/{config}] {data['source']}: {data['episodes']} episodes, {data['steps']} steps; "
+            f"training {cfg.preset} (cap {cfg.max_steps} steps, patience {cfg.patience}, B={cfg.batch_size}, "
+            f"T={cfg.seq_len}, lr={cfg.lr:g}, warmup={cfg.warmup})",
+            flush=True,
+        )
+        t1 = time.perf_counter()
+        result = train(log_path, work / f"run-{config}", build_run_config(cfg))
+        seconds = time.perf_counter() - t1
+        card = result.quality
+        if card is None:
+            raise RuntimeError(f"{spec.name}: no held-out episode long enough for a context of {CONTEXT}")
+        runs[config] = {
+            "train": dataclasses.asdict(cfg),
+            "steps": result.steps,
+            "stop_reason": result.stop_reason,
+            "exported_step": result.best_step if result.best_step is not None else result.steps,
+            "seconds_train": seconds,
+            "card": card.to_dict(),
         }
-    wm_mean, p_mean, a_mean = (
-        np.array(out_methods[k]["nrmse_mean"], float) for k in ("world_model", "persistence", "arx")
-    )
-    beats = {f"h{h}": bool(wm_mean[i] < p_mean[i] and wm_mean[i] < a_mean[i]) for i, h in enumerate(horizons)}
+    any_card = next(iter(runs.values()))["card"]
+    horizons = [h for h in HORIZONS if h <= len(any_card["coverage_raw"])]
     return {
         "system": spec.name,
         "data": data,
-        "spec": dataclasses.asdict(spec),
-        "split": {
-            "train_episodes": len(dm.train_ids),
-            "val_episodes": len(dm.val_ids),
-            "train_ids": dm.train_ids,
-            "val_ids": dm.val_ids,
-        },
-        "dims": dict(zip(("obs", "action", "input"), dm.dims)),
-        "observation_names": dm.channels["observation_names"],
-        "windows": int(seq.obs.shape[0]),
-        "window_length": int(T),
+        "observation_names": any_card["observation_names"],
+        "heldout_episodes": any_card["heldout_episodes"],
+        "train_episodes": any_card["train_episodes"],
+        "windows": any_card["windows"],
         "context": CONTEXT,
-        "horizons": list(horizons),
-        "methods": out_methods,
-        "world_model_coverage90": float(np.mean(res.coverage)),
-        "world_model_coverage90_by_horizon": coverage_by_horizon(res, horizons),
-        "world_model_coverage90_per_channel": _clean(res.coverage),
-        "arx": {
-            "p": sel.p,
-            "q": sel.q,
-            "criterion": sel.criterion,
-            "selection_scores": _clean(sel.scores),
-            "inner_train_episodes": sel.inner_train,
-            "inner_val_episodes": sel.inner_val,
-        },
-        "world_model_beats_both": beats,
-        "train": {"final_metrics": {k: v for k, v in result.metrics.items() if np.isfinite(v)}, "steps": result.steps},
-        "seconds": {"data": t_data, "train": t_train, "eval": t_eval},
+        "horizons": horizons,
+        "runs": runs,
+        "seconds_data": t_data,
     }
 
 
 def system_table(r: dict) -> str:
-    m = r["methods"]
     lines = [
         f"### {r['system']}: {r['data']['source']}",
         "",
-        f"{r['split']['train_episodes']} train / {r['split']['val_episodes']} held-out episodes, "
-        f"{r['windows']} held-out windows of {r['window_length']} steps, context {r['context']}; "
-        f"world model {r['spec']['preset']}, {r['spec']['steps']} steps, lr {r['spec']['lr']:g}, "
-        f"warmup {r['spec']['warmup']}, B={r['spec']['batch_size']}, T={r['spec']['seq_len']} "
-        f"(train {r['seconds']['train']:.0f} s); ARX orders p={r['arx']['p']}, q={r['arx']['q']}",
+        f"{r['train_episodes']} train / {r['heldout_episodes']} held-out episodes, {r['windows']} held-out "
+        f"windows, context {r['context']}. NRMSE per imagined step (mean over channels); ARX fitted on "
+        "the training episodes; coverage of the 90% interval raw / calibrated (cross-fitted).",
         "",
-        "| horizon | world model | persistence | ARX | WM 90% coverage | WM beats both |",
-        "|---|---|---|---|---|---|",
+        "| training | steps (stop) | train s | horizon | world model | ARX | persistence | coverage raw / cal. | WM beats both |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for i, h in enumerate(r["horizons"]):
-
-        def f(k, i=i):
-            v = m[k]["nrmse_mean"][i]
-            return "nan" if v is None else f"{v:.3f}"
-
-        cov = r["world_model_coverage90_by_horizon"][i]
-        lines.append(
-            f"| {h} | {f('world_model')} | {f('persistence')} | {f('arx')} | "
-            f"{cov:.2f} | {'yes' if r['world_model_beats_both'][f'h{h}'] else 'no'} |"
-        )
-    lines += ["", f"world-model 90% coverage over all horizons and channels: {r['world_model_coverage90']:.2f}", ""]
+    for config, run in r["runs"].items():
+        c = run["card"]
+        t = run["train"]
+        label = f"{config}: {t['preset']}, lr {t['lr']:g}"
+        for i, h in enumerate(r["horizons"]):
+            wm, arx, per = (c["nrmse"][k][h - 1] for k in ("world_model", "arx", "persistence"))
+            beats = wm is not None and (arx is None or wm < arx) and (per is None or wm < per)
+            f = lambda v: "nan" if v is None else f"{v:.3f}"  # noqa: E731
+            cov = f"{f(c['coverage_raw'][h - 1])} / {f(c['coverage_calibrated'][h - 1])}"
+            head = (
+                [
+                    label,
+                    f"{run['steps']} ({run['stop_reason']}, best {run['exported_step']})",
+                    f"{run['seconds_train']:.0f}",
+                ]
+                if i == 0
+                else ["", "", ""]
+            )
+            lines.append(
+                "| " + " | ".join(head + [str(h), f(wm), f(arx), f(per), cov, "yes" if beats else "no"]) + " |"
+            )
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -300,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="optimiser steps for every system (default: per system)")
     p.add_argument("--preset", default=None, help="world-model preset for every system (default: per system)")
     p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--windows", type=int, default=WINDOWS, help="held-out windows per system")
     p.add_argument("--device", default="cpu", help="cpu (default) or auto (Lightning picks; bf16 on CUDA)")
     p.add_argument(
         "--threads",
@@ -309,12 +268,18 @@ def main(argv: list[str] | None = None) -> int:
         help="torch CPU threads (default 1: on a shared 2-core machine two OpenMP threads slow small "
         "models down many times whenever another process holds a core)",
     )
+    p.add_argument(
+        "--configs",
+        default="fixed,defaults",
+        help="training configurations compared: fixed (each system's benchmark budget) and/or defaults",
+    )
     p.add_argument("--quick", action="store_true", help="tiny logs, debug preset, 4 steps: a smoke test")
     p.add_argument("--reuse", action="store_true", help="keep OUT/work logs and runs (a finished run is not retrained)")
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)
-    if args.quick:
-        args.windows = min(args.windows, 8)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not args.configs or set(args.configs) - set(CONFIGS):
+        p.error(f"--configs takes a comma list of {', '.join(CONFIGS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -353,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     write_results(
         out,
         "bench_worldmodel",
-        {"benchmark": "worldmodel_openloop", "version": 1, "machine": info, "quick": args.quick, "systems": results},
+        {"benchmark": "worldmodel_openloop", "version": 2, "machine": info, "quick": args.quick, "systems": results},
         md,
     )
     return 0

@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 
 from wmcheck.datasets.errors import UserError
+from wmcheck.scripts.cmd_calibrate import check_config
 from wmcheck.scripts.config_args import add_options, config_kwargs
+
+STOPS = {
+    "max_steps": "the --max-steps cap",
+    "early_stopping": "early stopping: no better validation loss in --patience validations",
+    "time_budget": "the --max-minutes budget",
+}
 
 TRAIN_OPTIONS = [
     "preset",
@@ -18,6 +25,8 @@ TRAIN_OPTIONS = [
     "lr",
     "warmup",
     "val_every",
+    "patience",
+    "max_minutes",
     "ckpt_every",
     "accelerator",
     "devices",
@@ -79,10 +88,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(f"bad training option: {exc}", "see `wmcheck train --help`") from None
     result = train(args.log, args.out, rc, resume=not args.no_resume)
-    print(f"trained {result.steps} steps; model: {result.model_path}")
+    print(f"trained {result.steps} steps ({STOPS[result.stop_reason]}); model: {result.model_path}", end="")
+    print(f" (weights of step {result.best_step}, the best validation loss)" if result.best_step is not None else "")
+    if result.quality is not None:
+        print("\n".join(result.quality.lines(check_horizon=check_config(args, "train").horizon)))
+    else:
+        print("no held-out real episode long enough for a quality card: pass a larger --val-fraction")
     if not args.no_calibrate and args.val_fraction > 0:
         from wmcheck.checks.calibration import calibrate
-        from wmcheck.scripts.cmd_calibrate import check_config
 
         calibrate(args.out, args.log, check_config(args, "train"))
     print(f"inspect: tensorboard --logdir {result.run_dir}")

@@ -109,7 +109,7 @@ def test_bench_worldmodel_quick(tmp_path):
 def test_arx_recovers_a_linear_system_and_rolls_it_forward():
     """On data from a known ARX(2, 1) system without noise, the fit is exact and the open-loop
     rollout reproduces the trajectory; the order selection picks an order that contains it."""
-    from wmcheck.scripts.baselines_openloop import ARX, StepSeq, persistence, select_arx
+    from wmcheck.training.openloop_baselines import ARX, StepSeq, persistence, select_arx
 
     rng = np.random.default_rng(0)
     A1 = np.array([[1.5, -0.2], [0.1, 0.6]])

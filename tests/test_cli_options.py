@@ -34,10 +34,10 @@ def test_train_and_calibrate_defaults_are_the_dataclasses():
 
 def test_help_is_the_field_docstring():
     docs = field_docs(TrainConfig)
-    assert docs["lr"].startswith("Reference learning rate")
+    assert docs["lr"].startswith("Peak learning rate")
     sub = build_parser()._subparsers._group_actions[0].choices["train"]
     help_text = " ".join(sub.format_help().split())
-    assert "Reference learning rate" in help_text and "(default 4e-05)" in help_text
+    assert "Peak learning rate" in help_text and "(default 0.001)" in help_text
 
 
 def test_lower_layers_never_import_scripts():

@@ -17,15 +17,17 @@ from wmcheck.worldmodel.config import WorldModelConfig
 class TrainConfig:
     preset: str = "debug"
     """World-model size preset (see wmcheck.worldmodel.config.PRESETS)."""
-    max_steps: int = 2000
-    """Optimiser steps."""
+    max_steps: int = 10000
+    """Cap on optimiser steps; training usually ends earlier by early stopping (`patience`)."""
     batch_size: int = 16
     """Sequences per batch B (reference 16)."""
     seq_len: int = 64
     """Steps per sequence T (reference 64; every window starts from the zero state, replay_context=0)."""
-    lr: float = 4e-5
-    """Reference learning rate. Offline training on small logs often profits from more (e.g. 3e-4)."""
-    warmup: int = 1000
+    lr: float = 1e-3
+    """Peak learning rate. The reference's 4e-5 is tuned for online RL with a replay buffer that grows;
+    offline on a fixed log it leaves the model near its initialisation after thousands of steps
+    (docs/model.md, "Training defaults", has the measurements)."""
+    warmup: int = 100
     """Linear learning-rate warm-up in optimiser steps (reference 1000)."""
     agc: float = 0.3
     eps: float = 1e-20
@@ -33,8 +35,13 @@ class TrainConfig:
     """Seed of the weights, the split and the window sampler."""
     val_fraction: float = 0.2
     """Fraction of episodes held out (episode-level, deterministic) for val/* and openloop/*."""
-    val_every: int = 500
-    """Optimiser steps between validation + open-loop evaluations."""
+    val_every: int = 250
+    """Optimiser steps between validation + open-loop evaluations (and early-stopping decisions)."""
+    patience: int = 4
+    """Early stopping: stop after this many validations without a new best `val/loss/total`
+    (0 = never stop early). The best checkpoint, not the last, becomes RUNDIR/model.pt."""
+    max_minutes: float = 0.0
+    """Wall-clock budget for training in minutes (0 = none); the best checkpoint so far is kept."""
     val_batches: int = 4
     ckpt_every: int = 200
     """Optimiser steps between resumable checkpoints (RUNDIR/checkpoints/last.ckpt)."""
@@ -61,6 +68,8 @@ class TrainConfig:
         for name in ("max_steps", "batch_size", "seq_len", "val_every", "ckpt_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.patience < 0 or self.max_minutes < 0:
+            raise ValueError(f"patience and max_minutes must be >= 0, got {self.patience}, {self.max_minutes}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.openloop_context < 1:

@@ -134,27 +134,31 @@ class LogDataModule(L.LightningDataModule):
         batches = [self._val_sampler.sample(rng, self.cfg.batch_size).to_torch() for _ in range(self.cfg.val_batches)]
         return DataLoader(batches, batch_size=None, num_workers=0)
 
-    def openloop_sequence(self, windows: int | None = None, length: int | None = None) -> Batch | None:
+    def openloop_sequence(self, windows: int | None = None, length: int | None = None, with_episodes: bool = False):
         """Held-out windows lying inside single validation episodes (no episode start inside),
-        of length context + max horizon (shortened to what the episodes allow)."""
+        of length context + max horizon (shortened to what the episodes allow): a Batch (B, T, ...),
+        or None when no validation episode is long enough. with_episodes: also each window's
+        validation episode index (B,), as a tuple (batch, episodes) (None, None when there is none)."""
         if not self.val_ids:
-            return None
+            return (None, None) if with_episodes else None
         c = self.cfg
         windows = windows or c.openloop_windows
         length = length or (c.openloop_context + max(c.openloop_horizons))
         sampler = self._val_sampler or WindowSampler(self.log_path, self.val_ids, self.normalizer, 1)
-        episodes = [b for b in sampler.episodes() if b.obs.shape[1] > c.openloop_context + 1]
+        episodes = [(i, b) for i, b in enumerate(sampler.episodes()) if b.obs.shape[1] > c.openloop_context + 1]
         if not episodes:
-            return None
-        length = min(length, max(b.obs.shape[1] for b in episodes))
-        usable = [b for b in episodes if b.obs.shape[1] >= length]
+            return (None, None) if with_episodes else None
+        length = min(length, max(b.obs.shape[1] for _, b in episodes))
+        usable = [(i, b) for i, b in episodes if b.obs.shape[1] >= length]
         rng = np.random.default_rng([c.seed, 777])
-        picks = []
+        picks, which = [], []
         for k in range(windows):
-            b = usable[k % len(usable)]
+            i, b = usable[k % len(usable)]
             start = int(rng.integers(0, b.obs.shape[1] - length + 1))
             picks.append(_slice(b, start, start + length))
-        return Batch.concat(picks).to_torch()
+            which.append(i)
+        batch = Batch.concat(picks).to_torch()
+        return (batch, np.array(which)) if with_episodes else batch
 
 
 def _slice(b: Batch, start: int, stop: int) -> Batch:

@@ -61,7 +61,12 @@ class WorldModelModule(L.LightningModule):
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch, batch_idx):
-        out = self.model.loss(batch)
+        # The same latent draws at every validation (common random numbers): the loss then moves
+        # only with the weights, which is what early stopping and the best checkpoint compare.
+        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(self.run_config.train.seed * 1000 + batch_idx)
+            out = self.model.loss(batch)
         logs = {f"val/{k}": v for k, v in out.metrics.items()}
         self.log_dict(logs, on_step=False, on_epoch=True, batch_size=batch.obs.shape[0], sync_dist=True)
 

@@ -3,9 +3,17 @@
 Owns the run directory layout:
   RUNDIR/config.json              the resolved RunConfig (world model + training)
   RUNDIR/checkpoints/last.ckpt    Lightning's resumable state (written atomically every ckpt_every steps)
+  RUNDIR/checkpoints/best.ckpt    the state with the lowest val/loss/total so far (exported as model.pt)
+  RUNDIR/training.json            how training ended: steps, best step, stop reason
+  RUNDIR/quality.json             the model-quality card (training/quality.py), also in TensorBoard
   RUNDIR/tb/                      the TensorBoard run (tensorboard --logdir RUNDIR)
   RUNDIR/model.pt                 the exported model (weights + JSON config/normaliser/channels + data hash)
 A run killed at any point resumes from last.ckpt when `train` is called again with the same RUNDIR.
+
+Training ends at the first of: `max_steps` (a cap), early stopping (`patience` validations without a
+new best validation loss), the wall-clock budget `max_minutes`. Any of these is a finished run; a
+run that stops otherwise (a signal, a crash) is not, and the next call resumes it. With a
+validation split the exported model is the best checkpoint's, not the last step's.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from wmcheck.training.checkpoint import file_sha256, save_model
 from wmcheck.training.config import RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule
 from wmcheck.training.module import WorldModelModule
+from wmcheck.training.quality import QualityCard, compute_card, log_card, write_card
 from wmcheck.worldmodel.config import preset
 
 
@@ -35,6 +44,9 @@ class TrainResult:
     model_path: Path
     steps: int
     metrics: dict
+    best_step: int | None = None  # the step of the exported weights (None: the last step, no validation)
+    stop_reason: str = "max_steps"  # max_steps / early_stopping / time_budget
+    quality: QualityCard | None = None  # None without held-out episodes
 
 
 def resolve_precision(train: TrainConfig) -> str:
@@ -74,7 +86,7 @@ def train(
     log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: RunConfig, resume: bool = True
 ) -> TrainResult:
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import TensorBoardLogger
 
     out = Path(out_dir)
@@ -118,6 +130,23 @@ def train(
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True, every_n_train_steps=t.ckpt_every
     )
+    callbacks = [checkpoint]
+    best_ckpt = early = None
+    if dm.has_validation:
+        # best.ckpt is written at a validation that improves val/loss/total; model.pt takes its weights
+        best_ckpt = ModelCheckpoint(
+            dirpath=ckpt_dir,
+            filename="best",
+            monitor=MONITOR,
+            mode="min",
+            save_top_k=1,
+            auto_insert_metric_name=False,
+            enable_version_counter=False,
+        )
+        callbacks.append(best_ckpt)
+        if t.patience:
+            early = EarlyStopping(monitor=MONITOR, mode="min", patience=t.patience, min_delta=0.0)
+            callbacks.append(early)
     for noisy in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda", "lightning.fabric"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -133,7 +162,8 @@ def train(
         strategy=t.strategy,
         precision=resolve_precision(t),
         logger=logger,
-        callbacks=[checkpoint],
+        callbacks=callbacks,
+        max_time={"seconds": t.max_minutes * 60} if t.max_minutes else None,
         val_check_interval=t.val_every if dm.has_validation else None,
         check_val_every_n_epoch=None,
         limit_val_batches=t.val_batches if dm.has_validation else 0,
@@ -168,15 +198,66 @@ def train(
         if "checkpoint" in str(exc):
             raise UserError(f"cannot resume from {last}: {exc}", "use a new --out folder") from None
         raise
-    if trainer.global_step < t.max_steps:
+    reason = stop_reason(trainer, t, early)
+    if reason is None:
         raise UserError(
             f"training stopped at step {trainer.global_step} of {t.max_steps}",
             "run the same command again to resume from the last checkpoint",
         )
-    # The final state is a checkpoint too, so a finished run "resumes" as a no-op.
+    # The final state is a checkpoint too, so a finished run "resumes" from it.
     trainer.save_checkpoint(last, weights_only=False)
+    best_step = restore_best(module, best_ckpt)
     model_path = out / "model.pt"
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    result = TrainResult(out, model_path, trainer.global_step, metrics, best_step, reason)
     if trainer.is_global_zero:
         save_model(model_path, module.model, run_config.to_dict(), dm.normalizer.to_dict(), dm.channels, data_hash)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
-    return TrainResult(out, model_path, trainer.global_step, metrics)
+        summary = training_summary(result, best_ckpt)
+        write_text_atomic(out / "training.json", json.dumps(summary, indent=2))
+        module.model.cpu()
+        result.quality = compute_card(module.model, dm, t.openloop_context, max(t.openloop_horizons), seed=t.seed)
+        if result.quality is not None:
+            result.quality.training = summary
+            write_card(out, result.quality)
+            log_card(logger.experiment, result.quality, trainer.global_step)
+            logger.experiment.flush()
+    return result
+
+
+MONITOR = "val/loss/total"
+"""The validation metric of early stopping and of the best checkpoint."""
+
+
+def stop_reason(trainer, t: TrainConfig, early) -> str | None:
+    """Why a finished fit ended (max_steps / early_stopping / time_budget), or None when it was
+    interrupted (a signal or an error), i.e. the run is not finished."""
+    if trainer.global_step >= t.max_steps:
+        return "max_steps"
+    if early is not None and early.wait_count >= early.patience:
+        return "early_stopping"
+    timer = next((c for c in trainer.callbacks if type(c).__name__ == "Timer"), None)
+    if t.max_minutes and timer is not None and (timer.time_remaining() or 0.0) <= 0.0:
+        return "time_budget"
+    return None
+
+
+def restore_best(module: WorldModelModule, best_ckpt) -> int | None:
+    """Load the best checkpoint's weights into `module` (weights only); its step, or None when
+    there is none (no validation split, or no validation ran)."""
+    path = getattr(best_ckpt, "best_model_path", "") if best_ckpt is not None else ""
+    if not path or not Path(path).exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    module.load_state_dict(state["state_dict"])
+    return int(state.get("global_step", 0))
+
+
+def training_summary(result: TrainResult, best_ckpt) -> dict:
+    score = getattr(best_ckpt, "best_model_score", None) if best_ckpt is not None else None
+    return {
+        "steps": result.steps,
+        "stop_reason": result.stop_reason,
+        "exported_step": result.best_step if result.best_step is not None else result.steps,
+        "best_val_loss": float(score) if score is not None else None,
+        "monitor": MONITOR,
+    }

@@ -1,0 +1,69 @@
+"""Calibrated predictive spread: one conformal scale per horizon step and channel.
+
+Owns the rule that turns the world model's sampled open-loop spread into an interval that covers
+what it says. The model's spread (the std of its latent rollouts) is learnt from posterior
+residuals while open loop runs on prior states, so its nominal 90 % interval under-covers
+(0.75 on HalfCheetah). On held-out real windows we measure
+
+  r[b, h, d] = |truth - predicted mean| / predicted std        (B, H, D)
+
+and set scale[h, d] to the `level` quantile of r pooled over the windows and the horizon steps
+within `pool` steps of h, divided by the standard normal's quantile, so the interval
+
+  predicted mean +- z_{(1+level)/2} * scale[h, d] * predicted std
+
+covers `level` of held-out truth at every step and channel (split conformal; the pooling over
+neighbouring steps trades a little locality for a quantile from several times more values).
+Standardised errors divide by scale as well: z_cal = z / scale. `wmcheck train` reports the
+coverage this buys on windows the scale was not fitted on (`cross_fitted_coverage`); calibration
+fits the scale on its held-out real blocks and every check scores with it.
+"""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+import numpy as np
+
+LEVEL = 0.9
+"""The interval's nominal coverage."""
+
+
+def fit_spread_scale(r: np.ndarray, level: float = LEVEL, pool: int = 2) -> np.ndarray:
+    """r (B, H, D) absolute standardised errors -> scale (H, D) (>= 1e-3; NaN-free)."""
+    r = np.abs(np.asarray(r, np.float64))
+    B, H, D = r.shape
+    if B == 0:
+        return np.ones((H, D))
+    zq = NormalDist().inv_cdf((1 + level) / 2)
+    scale = np.ones((H, D))
+    for h in range(H):
+        lo, hi = max(0, h - pool), min(H, h + pool + 1)
+        pooled = r[:, lo:hi].reshape(-1, D)  # (B * steps, D)
+        # the finite-sample conformal quantile: the ceil((n + 1) level)-th smallest value
+        n = pooled.shape[0]
+        k = min(n - 1, int(np.ceil((n + 1) * level)) - 1)
+        scale[h] = np.sort(pooled, 0)[k] / zq
+    return np.maximum(np.nan_to_num(scale, nan=1.0), 1e-3)
+
+
+def interval_covered(r: np.ndarray, scale: np.ndarray | None = None, level: float = LEVEL) -> np.ndarray:
+    """Whether each truth lies in the (scaled) central interval: r (B, H, D) -> bool (B, H, D)."""
+    zq = NormalDist().inv_cdf((1 + level) / 2)
+    s = np.ones(r.shape[1:]) if scale is None else scale[: r.shape[1]]
+    return np.abs(r) <= zq * s
+
+
+def cross_fitted_coverage(r: np.ndarray, groups: np.ndarray, level: float = LEVEL, pool: int = 2) -> np.ndarray:
+    """Coverage per horizon step (H,) of the calibrated interval on windows it was not fitted on:
+    the groups (episodes) are split in two halves; each half is scored with the scale fitted on
+    the other. NaN when fewer than 2 groups."""
+    ids = np.unique(groups)
+    H = r.shape[1]
+    if len(ids) < 2:
+        return np.full(H, np.nan)
+    half = np.isin(groups, ids[: len(ids) // 2])
+    inside = np.zeros(r.shape, bool)
+    for fit, score in ((half, ~half), (~half, half)):
+        inside[score] = interval_covered(r[score], fit_spread_scale(r[fit], level, pool), level)
+    return inside.mean((0, 2))
