@@ -30,18 +30,19 @@ from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import CheckConfig
 from wmcheck.checks.endings import real_endings
 from wmcheck.checks.power import PowerSet, injected_power
-from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
+from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks, with_spread_scale
 from wmcheck.datasets.atomic import atomic_path, write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import split_episodes
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
+from wmcheck.training.conformal import fit_spread_scale
 
-CALIBRATION_VERSION = 4  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 5  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
-# 4: searches stored per kind (C, G, n), power entries with named fields
+# 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale
 @dataclass
 class Calibration:
     config: CheckConfig
@@ -54,6 +55,7 @@ class Calibration:
     power: PowerSet
     real_controls: np.ndarray | None = None  # (n, H, A + E) operating conditions of the held-out steps (regimes)
     real_episode: np.ndarray | None = None  # (n,) held-out episode id of every real block (the clusters)
+    spread_scale: np.ndarray | None = None  # (H, D) conformal scale of the predictive std (training/conformal.py)
 
     def save(self, run_dir: Path) -> None:
         arrays = {
@@ -67,6 +69,8 @@ class Calibration:
             arrays["real_controls"] = self.real_controls
         if self.real_episode is not None:
             arrays["real_episode"] = self.real_episode
+        if self.spread_scale is not None:
+            arrays["spread_scale"] = self.spread_scale
         with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         meta = {
@@ -106,6 +110,7 @@ class Calibration:
             PowerSet.from_arrays(arrays, meta["power"]),
             arrays.get("real_controls"),
             arrays.get("real_episode"),
+            arrays.get("spread_scale"),
         )
 
 
@@ -153,12 +158,16 @@ def calibrate(
     d = torch.cdist(torch.from_numpy(held_feats), torch.from_numpy(ref)).min(1).values.numpy()
     scale = float(np.median(d)) or 1.0
     real = score_blocks(model, blocks, cfg.samples, ref, scale, seed=cfg.seed)
+    # The model's own spread under-covers open loop; the conformal scale fitted on these blocks
+    # makes its 90 % band cover 90 % of them at every step and channel, and every score uses it.
+    spread = fit_spread_scale(np.abs(real.z_steps))  # (H, D)
+    real = with_spread_scale(real, spread)
     say("  attribution searches on real blocks (the null of every search)")
     real_search = search_matrices(model, held, norm, cfg, norm.std["action"].astype(float))
     # Power: halves of the held-out episodes (A: null, B: injected; B uninjected is the control).
     # Both halves are subsets of the real blocks scored above (same episodes, same cuts).
     say("  power: injecting gaps of graded size into held-out episodes")
-    power = injected_power(model, norm, cfg, held, blocks, real)
+    power = injected_power(model, norm, cfg, held, blocks, real, spread)
     reward_err, reward_std = reward_resolution(model, blocks)
     info = {
         "log": str(log_path),
@@ -180,7 +189,17 @@ def calibrate(
             "hold out more real episodes for sharper checks"
         )
     cal = Calibration(
-        cfg, info, real, real_search, block_states(blocks), ref, scale, power, block_controls(blocks), blocks.episode
+        cfg,
+        info,
+        real,
+        real_search,
+        block_states(blocks),
+        ref,
+        scale,
+        power,
+        block_controls(blocks),
+        blocks.episode,
+        spread,
     )
     cal.save(run_dir)
     if model.cfg.image_keys:  # the visual gap's real-vs-real null (checks/visual.py)

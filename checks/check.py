@@ -42,6 +42,7 @@ from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
 from wmcheck.training.checkpoint import file_sha256, load_model
+from wmcheck.training.quality import QualityCard, read_card
 
 REPORT_VERSION = 3  # 2: adds the `policy` and `regimes` sections; 3: the `inconclusive` verdict (exit 3)
 NEXT_STEPS = rb.NEXT_STEPS
@@ -58,6 +59,7 @@ class CheckInputs:
     episodes: list  # every checked Episode
     checked: list  # the Episodes long enough for a block
     blocks: Blocks | None  # None: every episode is shorter than a block
+    quality: QualityCard | None = None  # RUNDIR/quality.json (None: a run trained before the card)
 
     @property
     def cfg(self) -> CheckConfig:
@@ -95,6 +97,11 @@ def _read_checked(path: Path, channels: dict):
     return meta, eps
 
 
+def _model_quality(inp: CheckInputs):
+    """The quality card's competence at the check's horizon (None for a run without a card)."""
+    return inp.quality.competence(inp.cfg.horizon) if inp.quality is not None else None
+
+
 def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
     bundle = load_model(run_dir)
     cal = Calibration.load(run_dir)
@@ -111,8 +118,9 @@ def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
     try:
         blocks = make_blocks(episodes, norm, cfg.context, cfg.horizon)
     except ValueError:  # every episode is shorter than a block: only the ending test can speak (R8)
-        return CheckInputs(bundle, cal, norm, meta, episodes, [], None)
-    return CheckInputs(bundle, cal, norm, meta, episodes, [e for e in episodes if e.id not in blocks.skipped], blocks)
+        blocks = None
+    checked = [e for e in episodes if e.id not in blocks.skipped] if blocks is not None else []
+    return CheckInputs(bundle, cal, norm, meta, episodes, checked, blocks, read_card(run_dir))
 
 
 def run_check(
@@ -136,7 +144,9 @@ def run_check(
     ending = ending_evidence(inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"])
     if inp.blocks is None:
         return _short_check(inp, ending, levels, gate, rollouts, command, t0)
-    sc = score_blocks(model, inp.blocks, cfg.samples, cal.support_ref, cal.support_scale, seed=seed)
+    sc = score_blocks(
+        model, inp.blocks, cfg.samples, cal.support_ref, cal.support_scale, seed=seed, spread_scale=cal.spread_scale
+    )
     rng = np.random.default_rng(seed)
     comp = _competence(sc, cal, gate)
     comp_idx = np.flatnonzero(comp.competent)
@@ -186,7 +196,9 @@ def run_check(
     # checked data: the calibration's seed, so that two checks of equal size get the same table
     power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=cfg.seed)
     policy_passed = None if pol is None else bool(pol["gate"]["passed"])
-    ev = CheckEvidence(div, gaps, dist, corrected, policy_passed, _power_evidence(power, inp, gate))
+    ev = CheckEvidence(
+        div, gaps, dist, corrected, policy_passed, _power_evidence(power, inp, gate), _model_quality(inp)
+    )
     dec = decide(ev, levels, gate.allow_unverifiable)
     report = _report(inp, sc, comp, ev, dec, levels, visual_row, power, pol, gate, alpha, seed)
     report["provenance"] = _provenance(inp, rollouts, command, t0)
@@ -212,6 +224,7 @@ def _short_check(
         None,
         None,
         _power_evidence({}, inp, gate),
+        _model_quality(inp),
     )
     dec = decide(ev, levels, gate.allow_unverifiable)
     rows = rb.gap_rows(
@@ -454,6 +467,36 @@ def _provenance(inp: CheckInputs, rollouts: Path, command: str | None, t0: float
         "rollouts_source": inp.meta.source,
         "dt": inp.dt,
         "seconds": round(time.perf_counter() - t0, 1),
+        "model_quality": _quality_summary(inp),
+    }
+
+
+def _quality_summary(inp: CheckInputs) -> dict | None:
+    """What the report says about the model itself: the quality card at the check's horizon."""
+    card = inp.quality
+    if card is None:
+        return None
+    c = card.competence(inp.cfg.horizon)
+    steps = [h for h in (1, 4, 16, c.horizon) if h <= card.horizon]
+    return {
+        "competent": c.competent,
+        "sentence": c.sentence(),
+        "horizon": c.horizon,
+        "nrmse_world_model": c.world_model,
+        "nrmse_arx": c.arx,
+        "heldout_episodes": card.heldout_episodes,
+        "train_episodes": card.train_episodes,
+        "at_steps": {
+            str(h): {
+                "world_model": card.nrmse["world_model"][h - 1],
+                "arx": card.nrmse["arx"][h - 1],
+                "persistence": card.nrmse["persistence"][h - 1],
+                "coverage90_raw": card.coverage_raw[h - 1],
+                "coverage90_calibrated": card.coverage_calibrated[h - 1],
+            }
+            for h in sorted(set(steps))
+        },
+        "training": card.training,
     }
 
 

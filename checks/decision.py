@@ -52,6 +52,10 @@ Run
   R8  no checked block at all (every episode shorter than a block): the divergence and gap tests
       through the model cannot run, so a run that does not fail on what can be tested (the ending
       test) is `inconclusive`, never pass.
+  R9  a model that is not competent (its quality card: open loop over the check's horizon it
+      predicts held-out real episodes no better than a linear ARX model) cannot tell a simulator's
+      error from its own: a run that would pass is `inconclusive` (`Decision.model_not_competent`).
+      A fail stands: its thresholds come from real episodes scored by the same model.
 Top gap
   T1  among the dynamics-family gaps that fire (present or tolerated), the one the bootstrap
       separates (largest evidence in >= 90 % of replicates; attribution.separate_top), else none
@@ -112,6 +116,7 @@ class Decision:
     shift_confounded: tuple[str, ...] = ()  # R4
     consistency_verdict: str = "pass"  # the verdict without the policy gate
     missing_power: tuple[str, ...] = ()  # R7: the required gap types this check could not have seen
+    model_not_competent: bool = False  # R9: the pass was withheld because the model is not competent
 
     @property
     def tolerated_by_gate(self) -> bool:
@@ -186,6 +191,9 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
         missing = missing or (ev.power.required if ev.power is not None else ("every gap type",))
     if consistency == "pass" and missing:
         consistency = "inconclusive"  # R7
+    not_competent = ev.model_quality is not None and not ev.model_quality.competent
+    if consistency == "pass" and not_competent:
+        consistency = "inconclusive"  # R9
     verdict = consistency
     if ev.policy_gate_passed is False:
         failing, raw, verdict = failing + ("policy_gate",), raw + ("policy_gate",), "fail"
@@ -203,6 +211,7 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
         shift_confounded,
         consistency,
         missing if consistency == "inconclusive" else (),
+        consistency == "inconclusive" and not_competent,
     )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from wmcheck.checks.config import ROW_GAPS
+from wmcheck.training.quality import Competence
 
 
 @dataclass
@@ -134,6 +135,7 @@ class CheckEvidence:
     corrected: DivergenceEvidence | None = None  # the same tests after the corrections of the gaps that fired
     policy_gate_passed: bool | None = None  # None: no policy was run
     power: PowerEvidence | None = None  # None: not evaluated (the power table's own replicates)
+    model_quality: Competence | None = None  # the quality card's competence rule; None: no card (older run)
 
     def __post_init__(self) -> None:
         missing = [g for g in ROW_GAPS if g not in self.gaps]

@@ -137,6 +137,7 @@ def run_gap_tests(ctx: GapContext) -> GapTests:
             ctx.cal.support_ref,
             ctx.cal.support_scale,
             seed=ctx.seed,
+            spread_scale=ctx.cal.spread_scale,
         )
     sensor, dynamics = residual_tests(ctx, sc, boot_idx, applied)
     return GapTests(

@@ -288,7 +288,9 @@ def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator
     return [observation_noise(e, bias=size * std) for e in episodes]
 
 
-def injected_power(model, norm: Normalizer, cfg: CheckConfig, held: list, blocks, real: BlockScores) -> PowerSet:
+def injected_power(
+    model, norm: Normalizer, cfg: CheckConfig, held: list, blocks, real: BlockScores, spread=None
+) -> PowerSet:
     """Half A (even held-out episodes) is the null; half B (odd ones) uninjected is the control, and
     with each gap of POWER_SIZES injected it is re-scored (with the injected gap's own search, as a
     check runs it). Both halves are subsets of the real blocks scored in calibration."""
@@ -321,7 +323,7 @@ def injected_power(model, norm: Normalizer, cfg: CheckConfig, held: list, blocks
             inj = _inject(gap, size, half_b, norm, np.random.default_rng([cfg.seed, g]))
             inj_blocks = make_blocks(inj, norm, cfg.context, cfg.horizon)
             assert np.array_equal(inj_blocks.episode, ps.control_episode), "injection changed the block layout"
-            sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed)
+            sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed, spread_scale=spread)
             entry = PowerEntry({s: getattr(sc, s) for s in POWER_SCORES})
             if gap == "latency":
                 entry.search_latency = search_matrices(model, inj, norm, cfg, astd, actuator=False).latency

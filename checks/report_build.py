@@ -420,8 +420,21 @@ def short_message(dec: Decision, rows: dict, why: str, n: int, lengths: list[int
 
 
 def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:
-    """R7: nothing was found, but the check could not have seen some required gap types."""
+    """R7 / R9: nothing was found, but the check could not have seen some required gap types, or
+    the model is not good enough to judge."""
     n_ep = len(dec.episodes)
+    if dec.model_not_competent:
+        return (
+            f"INCONCLUSIVE: nothing in the {n_ep} checked episode(s) diverges, but this is not a pass: "
+            f"{ev.model_quality.sentence()}, so it cannot tell a simulator's error from its own. What would fix "
+            "it: train longer (--max-steps, --patience), a larger --preset, or on more real data; the quality "
+            "card is RUNDIR/quality.json."
+            + (
+                f" Besides, the check could not have seen {', '.join(dec.missing_power)} gaps."
+                if dec.missing_power
+                else ""
+            )
+        )
     pw = ev.power
     if not pw.measured:
         why = (

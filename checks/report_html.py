@@ -335,6 +335,32 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _quality_html(q: dict | None) -> str:
+    """The model's own quality on held-out real episodes (training/quality.py), next to ARX."""
+    if not q:
+        return "<p>No quality card (the run was trained before wmcheck wrote one): retrain to get it.</p>"
+    steps = list(q["at_steps"])
+    cell = lambda v, f="{:.3f}": "–" if v is None else f.format(v)  # noqa: E731
+    rows = "".join(
+        f"<tr><td>{label}</td>" + "".join(f"<td>{cell(q['at_steps'][h][k], f)}</td>" for h in steps) + "</tr>"
+        for label, k, f in (
+            ("NRMSE world model", "world_model", "{:.3f}"),
+            ("NRMSE linear ARX", "arx", "{:.3f}"),
+            ("NRMSE persistence", "persistence", "{:.3f}"),
+            ("90% interval coverage, raw", "coverage90_raw", "{:.2f}"),
+            ("90% interval coverage, calibrated", "coverage90_calibrated", "{:.2f}"),
+        )
+    )
+    cls = "" if q["competent"] else " class='warn'"
+    return (
+        f"<p{cls} id='model-quality'>Open loop on {q['heldout_episodes']} held-out real episodes "
+        f"({q['train_episodes']} training episodes): {html.escape(q['sentence'])}.</p>"
+        "<table id='quality-table'><tr><th>imagined step</th>"
+        + "".join(f"<th>{h}</th>" for h in steps)
+        + f"</tr>{rows}</table>"
+    )
+
+
 def render_html(report: dict) -> str:
     e = html.escape
     s = report["summary"]
@@ -414,6 +440,8 @@ interval</th><th>evidence detail</th><th>what to do next</th></tr>
 the calibrated threshold; the last column is the smallest size detected with probability &ge;
 {pw["target"]:.0%}.{_power_note(pw)}</p>
 <table id="power-table"><tr><th>gap</th><th>units</th><th colspan="4">size: detection probability</th><th>smallest detected</th></tr>{power_rows}</table>
+<h2>The model (quality card)</h2>
+{_quality_html(prov.get("model_quality"))}
 <h2>Provenance</h2>
 <p><code>{e(prov["command"])}</code><br>wmcheck {e(prov["wmcheck_version"])}; model sha256
 {e(prov["model_sha256"][:16])}…; training data sha256 {e(prov["training_data_sha256"][:16])}…; rollouts

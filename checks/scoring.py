@@ -21,11 +21,16 @@ Per block (context C, horizon H, D channels):
   err_steps     (H, D) signed open-loop error (truth - predicted mean), normalised units
 The per-step arrays feed the regime analysis (regimes.py): where, in the operating conditions,
 the checked data and the model part ways.
+
+The predictive std is the calibrated one when a spread scale (H, D) is given: the rollouts' std
+times the conformal scale that calibration fits on held-out real blocks (training/conformal.py),
+so z-scores and 90 % bands mean what they say. `with_spread_scale` applies a scale to scores
+computed without one (calibration scores first, then fits the scale on the same blocks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -95,6 +100,28 @@ def _ac1(x: np.ndarray) -> np.ndarray:
     return np.where(den > 0, num / np.maximum(den, 1e-12), 0.0)
 
 
+def with_spread_scale(sc: BlockScores, scale: np.ndarray | None) -> BlockScores:
+    """The z-based scores of `sc` (computed with the raw spread) under a spread scale (H, D):
+    z / scale, the divergences recomputed from it, the bands widened about the mean."""
+    if scale is None:
+        return sc
+    H = sc.z_steps.shape[1]
+    s = np.asarray(scale, np.float64)[:H]  # (H, D)
+    z = (sc.z_steps / s).astype(np.float32)  # (n, H, D)
+    z2 = z.astype(np.float64) ** 2
+    out = dict(
+        z_steps=z,
+        divergence=z2.mean((1, 2)),
+        div_curve=z2.mean(2),
+        div_channel=z2.mean(1),
+        div_late=z2[:, H // 2 :].mean((1, 2)),
+    )
+    if sc.pred_mean.ndim == 3:
+        out["pred_lo"] = sc.pred_mean + s * (sc.pred_lo - sc.pred_mean)
+        out["pred_hi"] = sc.pred_mean + s * (sc.pred_hi - sc.pred_mean)
+    return replace(sc, **out)
+
+
 def score_blocks(
     model,
     blocks: Blocks,
@@ -103,6 +130,7 @@ def score_blocks(
     support_scale: float = 1.0,
     chunk: int = 64,
     seed: int = 0,
+    spread_scale: np.ndarray | None = None,
 ) -> BlockScores:
     C = blocks.context
     torch.manual_seed(seed)
@@ -146,7 +174,7 @@ def score_blocks(
     for k, v in parts.items():
         dtype = np.float32 if k in ("z_steps", "err_steps") else np.float64
         out[k] = np.concatenate([x.numpy() if torch.is_tensor(x) else x for x in v]).astype(dtype)
-    return BlockScores(**out)
+    return with_spread_scale(BlockScores(**out), spread_scale)
 
 
 def one_step_nll(model, blocks: Blocks, chunk: int = 128, seed: int = 0, samples: int = 4) -> np.ndarray:

@@ -84,26 +84,26 @@ def test_bench_worldmodel_quick(tmp_path):
         systems.insert(1, "halfcheetah")
     _run("bench_worldmodel.py", "--out", str(tmp_path), "--systems", ",".join(systems))
     data = json.loads((tmp_path / "bench_worldmodel.json").read_text())
-    assert data["benchmark"] == "worldmodel_openloop" and data["version"] == 1
+    assert data["benchmark"] == "worldmodel_openloop" and data["version"] == 2
     assert [s["system"] for s in data["systems"]] == systems
     for s in data["systems"]:
         assert s["context"] == 16 and s["horizons"][0] == 1 and len(s["horizons"]) >= 2
-        assert s["split"]["train_episodes"] >= 1 and s["split"]["val_episodes"] >= 1
-        assert not set(s["split"]["train_ids"]) & set(s["split"]["val_ids"])  # held-out episodes are unseen
-        for method in ("world_model", "persistence", "arx", "arx22"):
-            means = s["methods"][method]["nrmse_mean"]
-            assert len(means) == len(s["horizons"])
-            assert all(_finite(v) and v >= 0 for v in means), (method, means)
-            per_channel = np.array(s["methods"][method]["nrmse_per_channel"], float)
-            assert per_channel.shape == (len(s["horizons"]), s["dims"]["obs"])
-        assert 0.0 <= s["world_model_coverage90"] <= 1.0
-        assert all(0.0 <= c <= 1.0 for c in s["world_model_coverage90_by_horizon"])
-        assert s["arx"]["p"] >= 1 and s["arx"]["q"] >= 0
-        assert set(s["world_model_beats_both"]) == {f"h{h}" for h in s["horizons"]}
+        assert s["train_episodes"] >= 1 and s["heldout_episodes"] >= 1
+        assert set(s["runs"]) == {"fixed", "defaults"}
+        assert s["runs"]["defaults"]["train"]["patience"] > 0 and s["runs"]["fixed"]["train"]["patience"] == 0
+        for run in s["runs"].values():
+            card = run["card"]
+            H = len(card["coverage_raw"])
+            for method in ("world_model", "persistence", "arx"):
+                means = card["nrmse"][method]
+                assert len(means) == H and all(_finite(v) and v >= 0 for v in means), (method, means)
+                assert np.array(card["nrmse_channel"][method], float).shape == (H, len(s["observation_names"]))
+            assert all(0.0 <= c <= 1.0 for c in card["coverage_raw"])
+            assert run["stop_reason"] in ("max_steps", "early_stopping", "time_budget")
     lhb = data["systems"][-1]
-    assert lhb["dims"] == {"obs": 1, "action": 2, "input": 3}
+    assert lhb["observation_names"] == ["P_avg"]
     md = (tmp_path / "bench_worldmodel.md").read_text()
-    assert "| horizon | world model | persistence | ARX |" in md
+    assert "| horizon | world model | ARX | persistence |" in md
 
 
 def test_arx_recovers_a_linear_system_and_rolls_it_forward():

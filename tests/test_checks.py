@@ -70,6 +70,24 @@ def test_faithful_simulator_passes(pendulum, tmp_path):
     # the team may accept a partial pass explicitly: no gap type required
     partial = run_check(run, sim, Gate(require_power=[]))
     assert partial["verdict"] == "pass" and partial["exit_code"] == 0
+    quality = report["provenance"]["model_quality"]  # a pass needs a model better than ARX (R9)
+    assert quality["competent"] and quality["nrmse_world_model"] < quality["nrmse_arx"]
+
+
+def test_a_starved_model_makes_the_check_inconclusive(pendulum, check_trainer, tmp_path):
+    """A model trained 50 steps predicts held-out real episodes worse than a linear ARX model (its
+    quality card says so); a faithful simulator checked on it is inconclusive with that reason,
+    not pass, even when the gate requires no power."""
+    run, meta, tmp = pendulum
+    starved = check_trainer(tmp_path, tmp / "real.h5", 50)
+    from wmcheck.training.quality import read_card
+
+    card = read_card(starved)
+    assert not card.competence(48).competent
+    report = run_check(starved, _sim(tmp, meta, "faithful_starved", RealityProfile()), Gate(require_power=[]))
+    assert report["verdict"] == "inconclusive" and report["exit_code"] == 3, report["summary"]
+    assert "no better than a linear ARX model" in report["summary"]["message"]
+    assert report["provenance"]["model_quality"]["competent"] is False
 
 
 def test_a_check_too_small_to_see_a_gap_is_inconclusive(pendulum, tmp_path):

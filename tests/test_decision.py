@@ -24,6 +24,7 @@ from wmcheck.checks.evidence import (
     PowerEvidence,
 )
 from wmcheck.datasets.errors import UserError
+from wmcheck.training.quality import Competence
 
 LEVELS = Levels.for_check(0.05, 4)
 CALM = {"divergence": 0.5, "nll": 0.4, "kl": 0.6}
@@ -53,6 +54,7 @@ def evidence(
     policy=None,
     not_checked=(),
     power=None,
+    competent=None,
 ) -> CheckEvidence:
     gaps = {}
     for g in ("latency", "actuator", "sensor_noise", "dynamics", "ending", "visual"):
@@ -71,7 +73,8 @@ def evidence(
             DivergenceEvidence(episodes(0, unverifiable), PooledEvidence(dict(CALM))) if corrected_clean else div
         )
     dist = DistributionEvidence(0.001 if shifted else 0.5, coverage=coverage, min_coverage=min_coverage)
-    return CheckEvidence(div, gaps, dist, corrected, policy, power)
+    quality = None if competent is None else Competence(competent, 48, 0.3 if competent else 0.9, 0.6)
+    return CheckEvidence(div, gaps, dist, corrected, policy, power, quality)
 
 
 ALL_POWER = ("latency", "actuator", "sensor_noise", "sensor_bias")
@@ -118,6 +121,16 @@ POWER_CASES = [
         "none",
     ),
     ("R7 never hides a failure", dict(divergent=1, power=power(measured=False)), "fail", 1, ("episodes",), "none"),
+    ("R9 a competent model: pass", dict(power=power(), competent=True), "pass", 0, (), "none"),
+    (
+        "R9 a model no better than ARX: inconclusive, not pass",
+        dict(power=power(), competent=False),
+        "inconclusive",
+        3,
+        (),
+        "none",
+    ),
+    ("R9 never hides a failure", dict(divergent=1, competent=False), "fail", 1, ("episodes",), "none"),
     (
         "R7 never turns unverifiable into inconclusive",
         dict(unverifiable=1, power=power(measured=False)),
@@ -238,6 +251,13 @@ def test_allow_unverifiable_changes_the_exit_code_not_the_verdict():
     dec = decide(evidence(unverifiable=1), LEVELS, allow_unverifiable=True)
     assert dec.verdict == "unverifiable" and dec.exit_code == 0
     assert decide(evidence(divergent=1), LEVELS, allow_unverifiable=True).exit_code == 1
+
+
+def test_an_incompetent_model_is_named_as_the_reason():
+    dec = decide(evidence(power=power(), competent=False), LEVELS)
+    assert dec.model_not_competent and dec.missing_power == ()
+    assert not decide(evidence(power=power(undetectable=("actuator",)), competent=True), LEVELS).model_not_competent
+    assert not decide(evidence(divergent=1, competent=False), LEVELS).model_not_competent  # a fail is a fail
 
 
 def test_inconclusive_lists_what_the_check_could_not_have_seen():
