@@ -42,7 +42,7 @@ from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
 from wmcheck.training.checkpoint import file_sha256, load_model
-from wmcheck.training.quality import QualityCard, read_card
+from wmcheck.training.quality import QualityCard, json_clean, read_card
 
 REPORT_VERSION = 3  # 2: adds the `policy` and `regimes` sections; 3: the `inconclusive` verdict (exit 3)
 NEXT_STEPS = rb.NEXT_STEPS
@@ -478,26 +478,28 @@ def _quality_summary(inp: CheckInputs) -> dict | None:
         return None
     c = card.competence(inp.cfg.horizon)
     steps = [h for h in (1, 4, 16, c.horizon) if h <= card.horizon]
-    return {
-        "competent": c.competent,
-        "sentence": c.sentence(),
-        "horizon": c.horizon,
-        "nrmse_world_model": c.world_model,
-        "nrmse_arx": c.arx,
-        "heldout_episodes": card.heldout_episodes,
-        "train_episodes": card.train_episodes,
-        "at_steps": {
-            str(h): {
-                "world_model": card.nrmse["world_model"][h - 1],
-                "arx": card.nrmse["arx"][h - 1],
-                "persistence": card.nrmse["persistence"][h - 1],
-                "coverage90_raw": card.coverage_raw[h - 1],
-                "coverage90_calibrated": card.coverage_calibrated[h - 1],
-            }
-            for h in sorted(set(steps))
-        },
-        "training": card.training,
-    }
+    return json_clean(
+        {
+            "competent": c.competent,
+            "sentence": c.sentence(),
+            "horizon": c.horizon,
+            "nrmse_world_model": c.world_model,
+            "nrmse_arx": c.arx,
+            "heldout_episodes": card.heldout_episodes,
+            "train_episodes": card.train_episodes,
+            "at_steps": {
+                str(h): {
+                    "world_model": card.nrmse["world_model"][h - 1],
+                    "arx": card.nrmse["arx"][h - 1],
+                    "persistence": card.nrmse["persistence"][h - 1],
+                    "coverage90_raw": card.coverage_raw[h - 1],
+                    "coverage90_calibrated": card.coverage_calibrated[h - 1],
+                }
+                for h in sorted(set(steps))
+            },
+            "training": card.training,
+        }
+    )
 
 
 def _visual(model, run_dir, episodes, alpha, clip_model, tolerance) -> dict:

@@ -78,7 +78,7 @@ class QualityCard:
         return Competence(ok, h, wm, arx)
 
     def to_dict(self) -> dict:
-        return _clean(asdict(self))
+        return json_clean(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict) -> QualityCard:
@@ -123,12 +123,12 @@ class QualityCard:
         return rows
 
 
-def _clean(x):
+def json_clean(x):
     """NaN / inf -> None, numpy -> Python, for JSON."""
     if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
+        return {k: json_clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple, np.ndarray)):
-        return [_clean(v) for v in (x.tolist() if isinstance(x, np.ndarray) else x)]
+        return [json_clean(v) for v in (x.tolist() if isinstance(x, np.ndarray) else x)]
     if isinstance(x, (float, np.floating)):
         return float(x) if np.isfinite(x) else None
     if isinstance(x, np.integer):
