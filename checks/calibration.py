@@ -17,6 +17,7 @@ Endings: how many training and held-out episodes terminate (checks/endings.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from wmcheck.checks.attribution import SearchMatrices, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import CheckConfig
 from wmcheck.checks.endings import real_endings
+from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.checks.power import PowerSet, injected_power
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks, with_spread_scale
 from wmcheck.datasets.atomic import atomic_path, write_text_atomic
@@ -114,9 +116,42 @@ class Calibration:
         )
 
 
+def extra_real_episodes(paths, channels: dict, training: list, first_id: int) -> tuple[list, list[dict]]:
+    """Episodes of real logs the model never trained on, to calibrate on besides the held-out
+    split: (episodes renumbered from `first_id` so that ids stay unique, one provenance dict per
+    log). An episode whose content equals a training episode's (or one already taken) is a
+    UserError: thresholds on data the model was fitted to would be too lenient."""
+    seen = {episode_fingerprint(e): f"training episode {e.id}" for e in training}
+    out, prov = [], []
+    for path in paths:
+        meta, eps = read_log_for_model(Path(path), channels, role="extra real log")
+        if meta.source != "real":
+            raise UserError(
+                f"{path} has source {meta.source!r}, not 'real'",
+                "calibrate only on real logs (import them with `wmcheck import`, which writes source 'real')",
+            )
+        for e in eps:
+            fp = episode_fingerprint(e)
+            if fp in seen:
+                raise UserError(
+                    f"episode {e.id} of {path} is the same data as {seen[fp]}",
+                    "pass only real episodes the model never trained on (and each one once)",
+                )
+            seen[fp] = f"episode {e.id} of {path}"
+            out.append(dataclasses.replace(e, id=first_id + len(out)))
+        prov.append({"log": str(path), "sha256": file_sha256(path), "episodes": len(eps)})
+    return out, prov
+
+
 def calibrate(
-    run_dir: str | Path, log_path: str | Path | None = None, cfg: CheckConfig | None = None, verbose: bool = True
+    run_dir: str | Path,
+    log_path: str | Path | None = None,
+    cfg: CheckConfig | None = None,
+    verbose: bool = True,
+    extra_real: list | None = None,
 ) -> Calibration:
+    """Score the held-out real episodes (the validation split of the training log, plus every
+    episode of the `extra_real` logs) and store the nulls, competence bounds and power table."""
     run_dir = Path(run_dir)
     cfg = cfg or CheckConfig()
     bundle: ModelBundle = load_model(run_dir)
@@ -136,19 +171,26 @@ def calibrate(
     train_cfg = bundle.run_config["train"]
     with open_log(log_path) as log:
         train_ids, val_ids = split_episodes(log.episode_ids, train_cfg["val_fraction"], train_cfg["seed"])
-        if not val_ids:
+        if not val_ids and not extra_real:
             raise UserError(
-                "the model has no held-out episodes to calibrate on", "train with --val-fraction > 0 (e.g. 0.2)"
+                "the model has no held-out episodes to calibrate on",
+                "train with --val-fraction > 0 (e.g. 0.2), or pass real logs it never saw with --real",
             )
         held = list(log.episodes(val_ids))
         train_eps = list(log.episodes(train_ids))
+        first_extra = max(log.episode_ids) + 1
+    extra, extra_prov = extra_real_episodes(extra_real or [], bundle.channels, train_eps, first_extra)
+    held += extra
     try:
         blocks = make_blocks(held, norm, cfg.context, cfg.horizon)
     except ValueError as exc:
         raise UserError(
             f"held-out episodes too short: {exc}", "use a shorter --horizon/--context or longer episodes"
         ) from None
-    say(f"calibrating on {len(held)} held-out episodes ({len(blocks)} blocks of {blocks.length} steps)")
+    say(
+        f"calibrating on {len(held)} held-out episodes ({len(blocks)} blocks of {blocks.length} steps"
+        + (f"; {len(extra)} from {len(extra_prov)} extra real log(s))" if extra else ")")
+    )
     # Support reference: latents of training blocks; scale: typical distance of held-out real latents.
     rng = np.random.default_rng(cfg.seed)
     train_blocks = make_blocks(train_eps, norm, cfg.context, cfg.horizon)
@@ -175,7 +217,8 @@ def calibrate(
         "model_sha256": bundle.file_hash,
         "reward_abs_error_per_step": reward_err,
         "reward_std_real": reward_std,
-        "held_out_episodes": val_ids,
+        "held_out_episodes": [e.id for e in held],
+        "extra_real": extra_prov,
         "real_endings": real_endings(train_eps + held),
         "blocks": len(blocks),
         "block_length": blocks.length,

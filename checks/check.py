@@ -31,6 +31,7 @@ from wmcheck.checks.divergence import competent_blocks, divergence_evidence, sco
 from wmcheck.checks.endings import ending_evidence
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
+from wmcheck.checks.model_log import read_log_for_model
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.power import power_table
 from wmcheck.checks.regimes import find_regimes
@@ -38,7 +39,6 @@ from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.stats import block_mmd_test, conformal_p, rank_auc
 from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.errors import UserError
-from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
 from wmcheck.training.checkpoint import file_sha256, load_model
@@ -70,33 +70,6 @@ class CheckInputs:
         return self.meta.dt or self.bundle.channels.get("dt")
 
 
-def _read_checked(path: Path, channels: dict):
-    if not Path(path).exists():
-        raise UserError(
-            f"rollout log {path} does not exist", "record one with `wmcheck record` or import it with `wmcheck import`"
-        )
-    with open_log(path) as log:
-        meta = log.meta
-        eps = list(log)
-    problems = []
-    for kind, mine in (
-        ("observation", meta.observation_names),
-        ("action", meta.action_names),
-        ("input", meta.input_names),
-    ):
-        theirs = channels.get(f"{kind}_names", [])
-        if len(mine) != len(theirs):
-            problems.append(f"{len(mine)} {kind} channels {mine} but the model has {len(theirs)} {theirs}")
-        elif mine != theirs and not all(n.startswith(("obs_", "act_", "action_", "input_")) for n in mine):
-            problems.append(f"{kind} channels {mine} differ from the model's {theirs}")
-    if problems:
-        raise UserError(
-            f"{path} does not fit the model: " + "; ".join(problems),
-            "record/import the rollouts with the same channels, in the same order, as the real training log",
-        )
-    return meta, eps
-
-
 def _model_quality(inp: CheckInputs):
     """The quality card's competence at the check's horizon (None for a run without a card)."""
     return inp.quality.competence(inp.cfg.horizon) if inp.quality is not None else None
@@ -110,7 +83,7 @@ def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
             f"{run_dir}/calibration.json belongs to another model.pt", f"re-run `wmcheck calibrate {run_dir}`"
         )
     norm = Normalizer.from_dict(bundle.normalizer)
-    meta, episodes = _read_checked(rollouts, bundle.channels)
+    meta, episodes = read_log_for_model(rollouts, bundle.channels)
     require_frames(bundle.model, episodes, rollouts)
     cfg = cal.config
     if not any(e.num_steps for e in episodes):

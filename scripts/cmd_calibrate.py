@@ -48,6 +48,15 @@ def register(sub) -> None:
         metavar="LOG.h5",
         help="the training log (default: the one recorded in RUNDIR/data.json)",
     )
+    p.add_argument(
+        "--real",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="EXTRA.h5",
+        help="a real log the model never trained on, calibrated on with the held-out split (repeatable); "
+        "more held-out real episodes make sharper thresholds and more power",
+    )
     add_check_geometry(p)
     p.set_defaults(func=run)
 
@@ -55,5 +64,5 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from wmcheck.checks.calibration import calibrate
 
-    calibrate(args.run_dir, args.log, check_config(args, "calibrate"))
+    calibrate(args.run_dir, args.log, check_config(args, "calibrate"), extra_real=args.real)
     return 0

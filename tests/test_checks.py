@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -290,3 +291,45 @@ def test_out_of_support_simulator_is_unverifiable(tmp_path, check_trainer):
     assert report["gaps"]["distribution"]["estimate"]["coverage"] < 0.9
     allowed = run_check(run, tmp_path / "sim.h5", Gate(allow_unverifiable=True))
     assert allowed["verdict"] == "unverifiable" and allowed["exit_code"] == 0
+
+
+def test_calibrate_with_extra_real_logs_never_on_training_data(pendulum, tmp_path):
+    """`calibrate --real EXTRA.h5` adds real episodes the model never saw to the held-out set (the
+    thresholds and the power rest on more episodes); a log holding a training episode is refused
+    with exit 2 and the episode named, and a simulator log is not real data."""
+    from wmcheck.scripts.cli import main
+
+    run, meta, tmp = pendulum
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = json.loads((copy / "calibration.json").read_text())["info"]
+    extra = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=4, max_steps=200, seed=9100)
+    write_log(tmp_path / "extra.h5", extra, meta)  # meta.source == "real"
+    light = ["--max-delay", "2"]
+    code = main(["calibrate", str(copy), str(tmp / "real.h5"), "--real", str(tmp_path / "extra.h5"), *light])
+    after = json.loads((copy / "calibration.json").read_text())["info"]
+    assert code == 0
+    assert len(after["held_out_episodes"]) == len(before["held_out_episodes"]) + 4
+    assert after["blocks"] > before["blocks"] and after["extra_real"][0]["episodes"] == 4
+    assert len(set(after["held_out_episodes"])) == len(after["held_out_episodes"])  # ids stay unique
+    report = run_check(copy, _sim(tmp, meta, "faithful_extra", RealityProfile()), Gate(require_power=[]))
+    assert report["thresholds"]["calibration_blocks"] == after["blocks"]
+
+    # the training log itself holds training episodes: refused, before anything is written
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "wmcheck"), "calibrate", str(copy), "--real", str(tmp / "real.h5")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "same data as training episode" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads((copy / "calibration.json").read_text())["info"] == after
+    with open_log(tmp / "real.h5") as log:
+        eps = list(log)
+    write_log(tmp_path / "sim.h5", eps[:1], LogMeta(**{**meta.__dict__, "source": "sim"}))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "wmcheck"), "calibrate", str(copy), "--real", str(tmp_path / "sim.h5")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "not 'real'" in proc.stderr, proc.stderr
