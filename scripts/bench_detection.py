@@ -502,6 +502,14 @@ def _base_cols(c: dict) -> str:
     )
 
 
+def _training(s: dict) -> str:
+    t = s.get("training") or {}
+    c = t.get("config") or {"preset": s["spec"]["preset"], "lr": s["spec"]["lr"]}
+    steps = t.get("steps", s["spec"]["steps"])
+    how = f", {t['stop_reason']}, weights of step {t['exported_step']}" if t.get("stop_reason") else ""
+    return f"{c['preset']}, lr {c['lr']:g}, {steps} steps{how}"
+
+
 def system_markdown(s: dict) -> str:
     spec, summ = s["spec"], s["summary"]
     fa = summ["false_alarms"]
@@ -512,7 +520,7 @@ def system_markdown(s: dict) -> str:
         f"### {spec['name']}: {spec['env_id']}",
         "",
         f"Reality: {s['reality']}. Real logs: {spec['episodes']} episodes x {spec['max_steps']} steps under "
-        f"{spec['policy']}; world model {spec['preset']}, {spec['steps']} steps (train {s['seconds']['train']:.0f} s, "
+        f"{spec['policy']}; world model {_training(s)} (train {s['seconds']['train']:.0f} s, "
         f"calibration {s['seconds']['calibrate']:.0f} s on {s['calibration_blocks']} held-out blocks); "
         f"{spec['check_episodes']} episodes per checked simulator unless stated; {len(s['checks'])} checks "
         f"({s['seconds']['checks']:.0f} s).",
@@ -595,24 +603,29 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
         )
         record(spec.env_id, reality, spec.policy, spec.episodes, spec.max_steps, 0, log_path, "real")
     t_data = time.perf_counter() - t0
-    cfg = TrainConfig(
-        preset=spec.preset,
-        max_steps=spec.steps,
-        batch_size=spec.batch_size,
-        seq_len=spec.seq_len,
-        lr=spec.lr,
-        warmup=spec.warmup,
-        val_fraction=spec.val_fraction,
-        seed=0,
-        val_every=spec.steps,
-        ckpt_every=spec.steps,
-        progress_bar=False,
-        accelerator="cpu" if args.device == "cpu" else "auto",
-    )
+    device = dict(progress_bar=False, accelerator="cpu" if args.device == "cpu" else "auto")
+    if getattr(args, "train", "fixed") == "defaults" and not args.quick:
+        # `wmcheck train` without a flag: early stopping, best checkpoint (the split is the spec's)
+        cfg = TrainConfig(val_fraction=spec.val_fraction, seed=0, **device)
+    else:
+        cfg = TrainConfig(
+            preset=spec.preset,
+            max_steps=spec.steps,
+            batch_size=spec.batch_size,
+            seq_len=spec.seq_len,
+            lr=spec.lr,
+            warmup=spec.warmup,
+            val_fraction=spec.val_fraction,
+            seed=0,
+            val_every=spec.steps,
+            ckpt_every=spec.steps,
+            **device,
+        )
     t1 = time.perf_counter()
     if not have_run:
         print(
-            f"[{spec.name}] training {spec.preset} for {spec.steps} steps (B={spec.batch_size}, T={spec.seq_len})",
+            f"[{spec.name}] training {cfg.preset} for up to {cfg.max_steps} steps (B={cfg.batch_size}, "
+            f"T={cfg.seq_len}, lr {cfg.lr:g}, patience {cfg.patience})",
             flush=True,
         )
         train(log_path, run_dir, build_run_config(cfg))
@@ -663,6 +676,10 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
         "check_config": CHECK_CONFIG.to_dict(),
         "calibration_blocks": cal_info["blocks"],
         "calibration_warning": cal_info.get("warning"),
+        "training": {
+            "config": dataclasses.asdict(cfg),
+            **(json.loads((run_dir / "training.json").read_text()) if (run_dir / "training.json").exists() else {}),
+        },
         "reused_run": bool(have_run),
         "checks": results,
         "summary": summarise(spec, results, alpha),
@@ -700,6 +717,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="torch CPU threads of this process (default 1; see README troubleshooting)",
+    )
+    p.add_argument(
+        "--train",
+        choices=("fixed", "defaults"),
+        default="fixed",
+        help="fixed: the config's training budget (default); defaults: `wmcheck train`'s defaults "
+        "(early stopping, best checkpoint)",
     )
     p.add_argument("--quick", action="store_true", help="tiny logs and model, one size per gap: a smoke test")
     p.add_argument("--reuse", action="store_true", help="keep OUT/work logs and calibrated runs (not retrained)")
