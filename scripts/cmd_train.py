@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(f"bad training option: {exc}", "see `wmcheck train --help`") from None
     result = train(args.log, args.out, rc, resume=not args.no_resume)
+    if not result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
+        return 0
     print(f"trained {result.steps} steps ({STOPS[result.stop_reason]}); model: {result.model_path}", end="")
     print(f" (weights of step {result.best_step}, the best validation loss)" if result.best_step is not None else "")
     if result.quality is not None:

@@ -47,6 +47,7 @@ class TrainResult:
     best_step: int | None = None  # the step of the exported weights (None: the last step, no validation)
     stop_reason: str = "max_steps"  # max_steps / early_stopping / time_budget
     quality: QualityCard | None = None  # None without held-out episodes
+    global_zero: bool = True  # False in the other processes of a multi-device run (they print and calibrate nothing)
 
 
 def resolve_precision(train: TrainConfig) -> str:
@@ -189,7 +190,7 @@ def train(
             0,
         )
     ckpt_path = str(last) if (resume and last.exists()) else None
-    if ckpt_path:
+    if ckpt_path and trainer.is_global_zero:
         step = int(torch.load(last, map_location="cpu", weights_only=True).get("global_step", 0))
         print(f"resuming from {last} at step {step}", flush=True)
     try:
@@ -209,7 +210,9 @@ def train(
     best_step = restore_best(module, best_ckpt)
     model_path = out / "model.pt"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
-    result = TrainResult(out, model_path, trainer.global_step, metrics, best_step, reason)
+    result = TrainResult(
+        out, model_path, trainer.global_step, metrics, best_step, reason, global_zero=trainer.is_global_zero
+    )
     if trainer.is_global_zero:
         save_model(model_path, module.model, run_config.to_dict(), dm.normalizer.to_dict(), dm.channels, data_hash)
         summary = training_summary(result, best_ckpt)
