@@ -423,7 +423,8 @@ figure{{margin:8px 0}} figcaption{{font-size:12px;color:#555}} .warn{{color:#ef6
 <p id="message">{e(s["message"])}</p>
 <p>{s["episodes"]} episodes checked: {s["consistent"]} consistent, {s["divergent"]} divergent, {s["unverifiable"]} unverifiable;
 {s.get("competent_blocks", 0)} of {s.get("blocks", 0)} blocks inside the model's competence. False-alarm budget alpha = {s["alpha"]} per run
-(thresholds from {e(str(th["source"]))}, {th.get("calibration_blocks")} held-out real blocks).</p>{warning}
+(thresholds from {e(str(th["source"]))}, {th.get("calibration_blocks")} held-out real blocks of
+{th.get("calibration_episodes", "?")} real episodes the model never trained on).</p>{warning}
 <h2>Reality-gap table</h2>
 <table id="gap-table"><tr><th>gap</th><th>status</th><th>evidence (&ge;1 = present)</th><th>estimate</th><th>90%
 interval</th><th>evidence detail</th><th>what to do next</th></tr>
