@@ -195,8 +195,59 @@ def write_log(path: str | os.PathLike, episodes: Iterable[Episode], meta: LogMet
 # --- reading ----------------------------------------------------------------------------------
 
 
+def outside_references(f: h5py.File) -> list[str]:
+    """Every object of the file that would make a reader read outside it, or loop: external links,
+    datasets with external raw storage, virtual datasets (their sources are other files or
+    datasets), and soft links that dangle, loop or leave their episode group. One line each,
+    naming the object; empty for a self-contained file. Reads metadata only."""
+    found: list[str] = []
+    seen: set = set()
+
+    def episode_of(path: str) -> str:
+        return "/" + path.strip("/").split("/")[0]
+
+    def walk(group: h5py.Group, path: str) -> None:
+        for name in group:
+            where = f"{path.rstrip('/')}/{name}"
+            link = group.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                found.append(f"{where} is an external link to {link.filename}:{link.path}")
+                continue
+            if isinstance(link, h5py.SoftLink):
+                target = link.path if link.path.startswith("/") else f"{path.rstrip('/')}/{link.path}"
+                if target not in f or isinstance(f.get(target, getlink=True), (h5py.SoftLink, h5py.ExternalLink)):
+                    found.append(f"{where} is a soft link to {link.path} that dangles or chains to another link")
+                elif episode_of(target) != episode_of(where) or where.startswith(target.rstrip("/") + "/"):
+                    found.append(f"{where} is a soft link to {link.path}, outside its episode or onto itself")
+                continue
+            try:
+                obj = group[name]
+            except (KeyError, OSError) as exc:
+                found.append(f"{where} cannot be resolved ({exc})")
+                continue
+            token = hash(obj.id)  # the same for every link to one object (file number + object number)
+            if token in seen:  # a hard link to an object already visited (a group cycle)
+                if isinstance(obj, h5py.Group):
+                    found.append(f"{where} is a hard link back to a group already visited (a loop)")
+                continue
+            seen.add(token)
+            if isinstance(obj, h5py.Dataset):
+                if obj.is_virtual:
+                    sources = sorted({m.file_name for m in obj.virtual_sources()})
+                    found.append(f"{where} is a virtual dataset reading from {', '.join(sources)}")
+                elif obj.external:
+                    found.append(f"{where} is stored in external file(s) {', '.join(str(e[0]) for e in obj.external)}")
+            elif isinstance(obj, h5py.Group):
+                walk(obj, where)
+
+    walk(f, "/")
+    return found
+
+
 def open_h5(path: str | os.PathLike) -> h5py.File:
-    """Open an HDF5 file read-only, turning every way that fails into a UserError."""
+    """Open an HDF5 file read-only, turning every way that fails into a UserError. A file whose
+    objects point outside it (`outside_references`) is refused: a log handed to wmcheck must
+    never make it read another file."""
     path = Path(path)
     if path.is_dir():
         hint = next((p for p in (path / "data" / "main_data.hdf5", path / "main_data.hdf5") if p.exists()), None)
@@ -209,13 +260,27 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
             "check the path, or create the log with `wmcheck import` / `wmcheck record`",
         )
     try:
-        return h5py.File(path, "r")
+        f = h5py.File(path, "r")
     except OSError as exc:
         raise UserError(
             f"{path} is not a readable HDF5 file (truncated or not HDF5: {exc})",
             "re-create it with `wmcheck import` or re-copy it; a file cut off during "
             "copying or writing cannot be repaired",
         ) from None
+    try:
+        outside = outside_references(f)
+    except BaseException:
+        f.close()
+        raise
+    if outside:
+        f.close()
+        more = f"; ... {len(outside) - 5} more" if len(outside) > 5 else ""
+        raise UserError(
+            f"{path} refers outside itself: " + "; ".join(outside[:5]) + more,
+            "wmcheck reads only data stored inside the log (no external links, external storage, virtual "
+            "datasets or soft links leaving an episode): re-create it with `wmcheck import` from the original data",
+        )
+    return f
 
 
 class LogReader:
