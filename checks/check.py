@@ -78,9 +78,10 @@ def _model_quality(inp: CheckInputs):
 def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
     bundle = load_model(run_dir)
     cal = Calibration.load(run_dir)
-    if cal.info.get("model_sha256") not in (None, bundle.file_hash):
+    if cal.info.get("model_sha256") != bundle.file_hash:  # a missing hash is no match either
         raise UserError(
-            f"{run_dir}/calibration.json belongs to another model.pt", f"re-run `wmcheck calibrate {run_dir}`"
+            f"{run_dir}/calibration.json belongs to another model.pt (or does not say which)",
+            f"re-run `wmcheck calibrate {run_dir}`",
         )
     norm = Normalizer.from_dict(bundle.normalizer)
     meta, episodes = read_log_for_model(rollouts, bundle.channels)

@@ -158,8 +158,24 @@ def is_discrete(ds: h5py.Dataset) -> bool:
     return ds.dtype.kind in "iu" and ds.ndim == 1
 
 
+MAX_ACTION_CLASSES = 4096
+"""The most one-hot classes a discrete action may have: every class becomes a model input channel,
+so a file claiming 10**15 classes would exhaust memory before anything else could fail."""
+
+
 def discrete_action_classes(f: h5py.File, path: Path, episodes: dict[int, str]) -> int | None:
-    """Number of one-hot classes when the file's actions are discrete, else None (see module doc)."""
+    """Number of one-hot classes when the file's actions are discrete, else None (see module doc);
+    a LayoutError above MAX_ACTION_CLASSES, whichever source the number came from."""
+    n = _discrete_action_classes(f, path, episodes)
+    if n is not None and not 1 <= n <= MAX_ACTION_CLASSES:
+        raise LayoutError(
+            f"discrete actions with {n} classes (the file attribute, Minari metadata or the largest action "
+            f"value says so); wmcheck one-hot encodes at most {MAX_ACTION_CLASSES}"
+        )
+    return n
+
+
+def _discrete_action_classes(f: h5py.File, path: Path, episodes: dict[int, str]) -> int | None:
     datasets = [
         f[g]["actions"]
         for g in episodes.values()

@@ -333,3 +333,15 @@ def test_calibrate_with_extra_real_logs_never_on_training_data(pendulum, tmp_pat
         text=True,
     )
     assert proc.returncode == 2 and "not 'real'" in proc.stderr, proc.stderr
+
+
+def test_a_calibration_that_does_not_name_its_model_is_refused(pendulum, tmp_path):
+    """Deleting `model_sha256` from calibration.json must not bypass the model/calibration match."""
+    run, meta, tmp = pendulum
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    cal = json.loads((copy / "calibration.json").read_text())
+    del cal["info"]["model_sha256"]
+    (copy / "calibration.json").write_text(json.dumps(cal))
+    with pytest.raises(UserError, match="belongs to another model.pt"):
+        run_check(copy, _sim(tmp, meta, "faithful_nohash", RealityProfile()))

@@ -112,3 +112,22 @@ def test_a_self_contained_log_opens(tmp_path):
     path = _log(tmp_path / "log.h5")
     with open_log(path) as log:
         assert len(list(log)) == 2
+
+
+def test_a_size_read_from_the_file_is_bounded_before_anything_is_allocated(tmp_path):
+    """`num_action_classes = 10**15` would build that many one-hot channels: refused, named."""
+    path = tmp_path / "discrete.h5"
+    rng = np.random.default_rng(0)
+    eps = [Episode(rng.normal(size=(11, 2)).astype(np.float32), np.zeros((10, 1), np.float32), id=0)]
+    write_log(path, eps, LogMeta(source="real", dt=0.1))
+    with h5py.File(path, "a") as f:
+        del f["episode_0/actions"]
+        f["episode_0/actions"] = np.arange(10, dtype=np.int64) % 3
+        f.attrs["num_action_classes"] = 10**15
+    with pytest.raises(UserError, match="1000000000000000 classes"):
+        with open_log(path) as log:
+            _ = log.meta
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "wmcheck"), "validate", str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "1000000000000000 classes" in proc.stdout + proc.stderr, proc

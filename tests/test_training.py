@@ -225,3 +225,18 @@ def test_killed_run_resumes(pendulum_log, tmp_path):
     assert f"resuming from {last} at step {killed_at}" in done.stdout
     assert int(torch.load(last, weights_only=True)["global_step"]) == 150
     assert (out / "model.pt").exists()
+
+
+def test_a_diverging_run_stops_with_a_clear_error(pendulum_log, tmp_path):
+    """A learning rate that blows the weights up makes the loss non-finite: training stops before
+    that step is applied and says so (a UserError, exit 2 from the CLI), instead of exporting an
+    all-NaN model; a non-finite or non-positive --lr is refused before any work."""
+    from wmcheck.datasets.errors import UserError
+
+    cfg = TrainConfig(preset="debug", max_steps=50, batch_size=4, seq_len=16, lr=1e30, warmup=1, progress_bar=False)
+    with pytest.raises(UserError, match="training diverged: the training loss is"):
+        train(pendulum_log, tmp_path / "run", build_run_config(cfg))
+    assert not (tmp_path / "run" / "model.pt").exists()
+    for bad in (float("nan"), float("inf"), -1.0, 0.0):
+        with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+            TrainConfig(lr=bad)

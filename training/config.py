@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 
 from wmcheck.worldmodel.config import WorldModelConfig
@@ -68,7 +69,13 @@ class TrainConfig:
         for name in ("max_steps", "batch_size", "seq_len", "val_every", "ckpt_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.patience < 0 or self.max_minutes < 0:
+        for name in ("lr", "eps"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {v}")
+        if not (math.isfinite(self.agc) and self.agc >= 0) or self.warmup < 0:
+            raise ValueError(f"agc must be finite and >= 0 and warmup >= 0, got {self.agc}, {self.warmup}")
+        if self.patience < 0 or not (math.isfinite(self.max_minutes) and self.max_minutes >= 0):
             raise ValueError(f"patience and max_minutes must be >= 0, got {self.patience}, {self.max_minutes}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")

@@ -23,6 +23,14 @@ from wmcheck.training.optim import LaProp
 from wmcheck.worldmodel import WorldModel
 
 
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite; training stops before the step is applied."""
+
+    def __init__(self, step: int, value: float):
+        super().__init__(f"the training loss is {value} at step {step}")
+        self.step, self.value = step, value
+
+
 class WorldModelModule(L.LightningModule):
     def __init__(
         self, run_config: RunConfig, normalizer: dict | None = None, channels: dict | None = None, data_hash: str = ""
@@ -44,6 +52,9 @@ class WorldModelModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
         out = self.model.loss(batch)
+        if not torch.isfinite(out.loss):
+            # before the optimiser step: the weights (and the last checkpoint) are still the good ones
+            raise NonFiniteLoss(self.global_step, float(out.loss.detach()))
         opt.zero_grad(set_to_none=True)
         self.manual_backward(out.loss)
         opt.step()

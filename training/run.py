@@ -33,7 +33,7 @@ from wmcheck.datasets.errors import UserError
 from wmcheck.training.checkpoint import file_sha256, save_model
 from wmcheck.training.config import RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule
-from wmcheck.training.module import WorldModelModule
+from wmcheck.training.module import NonFiniteLoss, WorldModelModule
 from wmcheck.training.quality import QualityCard, compute_card, log_card, write_card
 from wmcheck.worldmodel.config import preset
 
@@ -195,6 +195,17 @@ def train(
         print(f"resuming from {last} at step {step}", flush=True)
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
+    except NonFiniteLoss as exc:
+        raise UserError(
+            f"training diverged: {exc}; {last} holds the last good state"
+            + (
+                f" (step {int(torch.load(last, map_location='cpu', weights_only=True)['global_step'])})"
+                if last.exists()
+                else ""
+            ),
+            "train again with a smaller --lr (or a longer --warmup) in a new --out folder; check the log "
+            "for extreme values with `wmcheck validate`",
+        ) from None
     except ValueError as exc:
         if "checkpoint" in str(exc):
             raise UserError(f"cannot resume from {last}: {exc}", "use a new --out folder") from None
