@@ -1,4 +1,10 @@
-"""User-facing errors: one exception type that the CLI turns into a paragraph and exit code 2.
+"""User-facing errors and the exit codes the CLI gives them.
+
+Exit codes of every command: 0 success (a check: pass), 1 a check found a gap (fail or
+unverifiable), 2 bad input or usage (`UserError`), 3 a check is inconclusive, 4 an internal error
+(a bug in wmcheck: one line, the traceback in a log file), 130 / 143 stopped by SIGINT / SIGTERM
+(`Interrupted`: what was saved and how to resume).
+
 
 Raise `UserError(problem, fix)` anywhere bad input is detected (missing file, wrong column,
 truncated HDF5, ...). The CLI prints `error: <problem>\n  fix: <fix>` and exits 2 with no
@@ -18,6 +24,21 @@ class UserError(Exception):
         super().__init__(problem)
         self.problem = problem
         self.fix = fix
+
+    def __str__(self) -> str:
+        return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"
+
+
+INTERNAL_ERROR = 4
+"""The exit code of an unexpected exception (a bug in wmcheck), distinct from a check's 1."""
+
+
+class Interrupted(Exception):
+    """A run stopped by a signal: says where it stopped and how to resume; exit 130 (SIGINT) or 143 (SIGTERM)."""
+
+    def __init__(self, problem: str, fix: str = "", exit_code: int = 130):
+        super().__init__(problem)
+        self.problem, self.fix, self.exit_code = problem, fix, exit_code
 
     def __str__(self) -> str:
         return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"

@@ -2,7 +2,9 @@
 
 Each subcommand module defines `register(subparsers)` which adds its parser and sets
 `func=run` where `run(args) -> int` returns the exit code. Bad input raises `UserError` and
-becomes a one-paragraph message with exit code 2, never a traceback.
+becomes a one-paragraph message with exit code 2, never a traceback; an unexpected exception is
+a bug in wmcheck: one line, exit 4, the traceback in a log file beside the output (exit codes:
+datasets/errors.py).
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ import argparse
 import importlib
 import os
 import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
 
-from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.errors import INTERNAL_ERROR, Interrupted, UserError
 from wmcheck.datasets.version import version
 
 # Subcommand modules, in the order `wmcheck --help` lists them. A module that is not there yet
@@ -79,9 +85,42 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"wmcheck {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Interrupted as exc:
+        print(f"wmcheck {args.command}: stopped: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"wmcheck {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug in wmcheck: one line here, the traceback in a file
+        log = crash_log(args, traceback.format_exc())
+        print(
+            f"wmcheck {args.command}: internal error (a bug in wmcheck, not in your data): "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}; "
+            f"traceback written to {log}",
+            file=sys.stderr,
+        )
+        return INTERNAL_ERROR
+
+
+def crash_log(args: argparse.Namespace, text: str) -> Path:
+    """Write the traceback beside the command's output (its --out folder, or that path's folder),
+    else in the temporary directory; returns the file."""
+    out = getattr(args, "out", None)
+    folder = None
+    if out is not None:
+        out = Path(out)
+        folder = out if out.is_dir() else (out.parent if out.parent.is_dir() else None)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for where in [folder, Path(tempfile.gettempdir())]:
+        if where is None:
+            continue
+        path = where / f"wmcheck-crash-{args.command}-{stamp}-{os.getpid()}.log"
+        try:
+            path.write_text(f"wmcheck {version()} {' '.join(sys.argv)}\n\n{text}")
+            return path
+        except OSError:
+            continue
+    return Path("(not written: no writable folder)")
 
 
 if __name__ == "__main__":

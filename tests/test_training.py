@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,14 +179,13 @@ def test_bad_model_file_is_a_user_error(tmp_path):
         load_model(bad)
 
 
-def test_killed_run_resumes(pendulum_log, tmp_path):
-    out = tmp_path / "run"
-    cmd = [
+def _train_cmd(log, out) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "wmcheck.scripts.cli",
         "train",
-        str(pendulum_log),
+        str(log),
         "--out",
         str(out),
         "--max-steps",
@@ -200,21 +200,30 @@ def test_killed_run_resumes(pendulum_log, tmp_path):
         "1000",
         "--no-progress",
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    last = out / "checkpoints" / "last.ckpt"
+
+
+def _start_and_wait_for_step(cmd, env, last, step_at_least: int = 40):
+    """Start training in a child process and return it once a checkpoint of >= step_at_least exists."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 900  # a safety net for a hung child, not a speed assertion
-    step = 0
     while time.monotonic() < deadline and proc.poll() is None:
         if last.exists():
             try:
-                step = int(torch.load(last, weights_only=True)["global_step"])
+                if int(torch.load(last, weights_only=True)["global_step"]) >= step_at_least:
+                    break
             except Exception:  # being replaced right now
-                step = 0
-            if step >= 40:
-                break
+                pass
         time.sleep(0.2)
-    assert proc.poll() is None, "training finished before it could be killed; lower ckpt-every"
+    assert proc.poll() is None, "training finished before it could be stopped; lower ckpt-every"
+    return proc
+
+
+def test_killed_run_resumes(pendulum_log, tmp_path):
+    out = tmp_path / "run"
+    cmd = _train_cmd(pendulum_log, out)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    last = out / "checkpoints" / "last.ckpt"
+    proc = _start_and_wait_for_step(cmd, env, last)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = int(torch.load(last, weights_only=True)["global_step"])  # the checkpoint survived the kill
@@ -225,6 +234,63 @@ def test_killed_run_resumes(pendulum_log, tmp_path):
     assert f"resuming from {last} at step {killed_at}" in done.stdout
     assert int(torch.load(last, weights_only=True)["global_step"]) == 150
     assert (out / "model.pt").exists()
+
+
+def test_sigterm_saves_where_training_stopped_and_says_how_to_resume(pendulum_log, tmp_path):
+    """SIGTERM (a scheduler's stop) ends with exit 143, one line naming the step and the
+    checkpoint, that checkpoint holding exactly that step, and no model.pt; the same command
+    resumes from there."""
+    import re
+
+    out = tmp_path / "run"
+    cmd = _train_cmd(pendulum_log, out)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    last = out / "checkpoints" / "last.ckpt"
+    proc = _start_and_wait_for_step(cmd, env, last)
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 143, text
+    m = re.search(r"stopped by SIGTERM at step (\d+); the resumable checkpoint \S+ holds step (\d+)", text)
+    assert m and m.group(1) == m.group(2), text
+    assert "run the same command again to resume" in text and "Traceback" not in text
+    stopped_at = int(m.group(1))
+    assert int(torch.load(last, weights_only=True)["global_step"]) == stopped_at
+    assert not (out / "model.pt").exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and f"resuming from {last} at step {stopped_at}" in done.stdout, done.stderr
+
+
+def test_an_internal_error_has_its_own_exit_code_and_a_traceback_file(tmp_path, monkeypatch):
+    """An unexpected exception is a bug in wmcheck: exit 4 (not 1, a check's "gap found"), one line
+    on stderr naming the log file, and the traceback in that file."""
+    from wmcheck.scripts import cli
+
+    def boom(args):
+        raise ZeroDivisionError("an injected bug")
+
+    log = tmp_path / "x.h5"
+    log.write_bytes(b"")
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser, boom))
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["validate", str(log)])
+    assert code == 4
+    line = err.getvalue()
+    assert "internal error (a bug in wmcheck" in line and "ZeroDivisionError: an injected bug" in line
+    path = Path(line.rsplit("traceback written to ", 1)[1].strip())
+    assert path.exists() and "Traceback" in path.read_text() and "an injected bug" in path.read_text()
+    path.unlink()
+
+
+def _with_func(parser, func):
+    """The parser with the `validate` subcommand's function replaced (an injected bug)."""
+    sub = parser._subparsers._group_actions[0].choices["validate"]
+    sub.set_defaults(func=func)
+    return parser
 
 
 def test_a_diverging_run_stops_with_a_clear_error(pendulum_log, tmp_path):

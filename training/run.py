@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from wmcheck.datasets.atomic import write_text_atomic
-from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.errors import Interrupted, UserError
 from wmcheck.training.checkpoint import file_sha256, save_model
 from wmcheck.training.config import RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule
@@ -195,6 +195,8 @@ def train(
         print(f"resuming from {last} at step {step}", flush=True)
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
+    except (KeyboardInterrupt, SystemExit) as exc:  # Lightning turns SIGINT and SIGTERM into SystemExit
+        raise interrupted(trainer, last, exc) from None
     except NonFiniteLoss as exc:
         raise UserError(
             f"training diverged: {exc}; {last} holds the last good state"
@@ -236,6 +238,25 @@ def train(
             log_card(logger.experiment, result.quality, trainer.global_step)
             logger.experiment.flush()
     return result
+
+
+def interrupted(trainer, last: Path, exc: BaseException) -> Interrupted:
+    """A signal stopped training: save the resumable state where it stopped (the last periodic
+    checkpoint stays if that fails) and say how to resume."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    sigterm = isinstance(exc, SIGTERMException) or getattr(trainer, "received_sigterm", False)
+    try:
+        trainer.save_checkpoint(last, weights_only=False)
+        saved = f"the resumable checkpoint {last} holds step {trainer.global_step}"
+    except Exception:  # noqa: BLE001 - whatever failed, the periodic checkpoint is still there
+        saved = f"the last periodic checkpoint {last} is kept" if last.exists() else "no checkpoint was written yet"
+    return Interrupted(
+        f"training stopped by {'SIGTERM' if sigterm else 'SIGINT'} at step {trainer.global_step}; {saved}; "
+        "no model.pt was exported",
+        "run the same command again to resume",
+        143 if sigterm else 130,
+    )
 
 
 MONITOR = "val/loss/total"
