@@ -40,6 +40,7 @@ from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import split_episodes
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 from wmcheck.training.conformal import fit_spread_scale
+from wmcheck.training.quality import compute_card, read_card, write_card
 
 CALIBRATION_VERSION = 5  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
@@ -251,7 +252,23 @@ def calibrate(
         say("  visual: real-vs-real frame distances in the world model's image embedding")
         calibrate_visual(model, held, train_eps).save(run_dir)
     say(f"  calibration written to {run_dir / 'calibration.json'} ({info['seconds']} s)")
+    if read_card(run_dir) is None:  # a run trained before the card: write it, so R9 applies to it too
+        card = card_for_run(bundle, log_path)
+        if card is not None:
+            write_card(run_dir, card)
+            say("  model-quality card written to " + str(run_dir / "quality.json"))
     return cal
+
+
+def card_for_run(bundle: ModelBundle, log_path: Path):
+    """The quality card of a trained model on its own held-out split (training/quality.py)."""
+    from wmcheck.training.config import RunConfig
+    from wmcheck.training.datamodule import LogDataModule
+
+    t = RunConfig.from_dict(bundle.run_config).train
+    dm = LogDataModule(log_path, t)
+    dm.prepare()
+    return compute_card(bundle.model, dm, t.openloop_context, max(t.openloop_horizons), seed=t.seed)
 
 
 def reward_resolution(model, blocks, chunk: int = 64) -> tuple[float, float]:

@@ -303,6 +303,8 @@ def test_calibrate_with_extra_real_logs_never_on_training_data(pendulum, tmp_pat
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     before = json.loads((copy / "calibration.json").read_text())["info"]
+    card = json.loads((copy / "quality.json").read_text())
+    (copy / "quality.json").unlink()  # as for a run trained before the card: calibrate writes it
     extra = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=4, max_steps=200, seed=9100)
     write_log(tmp_path / "extra.h5", extra, meta)  # meta.source == "real"
     light = ["--max-delay", "2"]
@@ -312,6 +314,10 @@ def test_calibrate_with_extra_real_logs_never_on_training_data(pendulum, tmp_pat
     assert len(after["held_out_episodes"]) == len(before["held_out_episodes"]) + 4
     assert after["blocks"] > before["blocks"] and after["extra_real"][0]["episodes"] == 4
     assert len(set(after["held_out_episodes"])) == len(after["held_out_episodes"])  # ids stay unique
+    rewritten = json.loads((copy / "quality.json").read_text())
+    assert (
+        rewritten["nrmse"]["arx"] == card["nrmse"]["arx"] and rewritten["heldout_episodes"] == card["heldout_episodes"]
+    )
     report = run_check(copy, _sim(tmp, meta, "faithful_extra", RealityProfile()), Gate(require_power=[]))
     assert report["thresholds"]["calibration_blocks"] == after["blocks"]
 
