@@ -87,18 +87,19 @@ def run(args: argparse.Namespace) -> int:
         rc = build_run_config(tcfg, ensemble=args.ensemble)
     except ValueError as exc:
         raise UserError(f"bad training option: {exc}", "see `wmcheck train --help`") from None
+    check_cfg = check_config(args, "train")  # a bad --alpha / --horizon is refused before training
     result = train(args.log, args.out, rc, resume=not args.no_resume)
     if not result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
         return 0
     print(f"trained {result.steps} steps ({STOPS[result.stop_reason]}); model: {result.model_path}", end="")
     print(f" (weights of step {result.best_step}, the best validation loss)" if result.best_step is not None else "")
     if result.quality is not None:
-        print("\n".join(result.quality.lines(check_horizon=check_config(args, "train").horizon)))
+        print("\n".join(result.quality.lines(check_horizon=check_cfg.horizon)))
     else:
         print("no held-out real episode long enough for a quality card: pass a larger --val-fraction")
     if not args.no_calibrate and args.val_fraction > 0:
         from wmcheck.checks.calibration import calibrate
 
-        calibrate(args.out, args.log, check_config(args, "train"))
+        calibrate(args.out, args.log, check_cfg)
     print(f"inspect: tensorboard --logdir {result.run_dir}")
     return 0

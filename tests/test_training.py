@@ -306,3 +306,24 @@ def test_a_diverging_run_stops_with_a_clear_error(pendulum_log, tmp_path):
     for bad in (float("nan"), float("inf"), -1.0, 0.0):
         with pytest.raises(ValueError, match="lr must be a finite number > 0"):
             TrainConfig(lr=bad)
+
+
+@pytest.mark.parametrize(
+    "option,words",
+    [
+        (["--precision", "bogus"], "Precision 'bogus' is invalid"),
+        (["--strategy", "bogus"], "invalid strategy name"),
+        (["--devices", "x"], "--devices x"),
+        (["--alpha", "2"], "alpha must be in (0, 1)"),
+        (["--horizon", "1"], "horizon >= 2"),
+        (["--lr", "nan"], "lr must be a finite number > 0"),
+    ],
+)
+def test_bad_training_options_are_refused_before_anything_is_written(option, words, pendulum_log, tmp_path, capsys):
+    from wmcheck.scripts.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", str(pendulum_log), "--out", str(out), "--max-steps", "2", "--no-progress", *option])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and "Traceback" not in err, err
+    assert not out.exists()  # nothing was written: a corrected command starts clean

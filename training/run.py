@@ -104,6 +104,7 @@ def train(
             "re-record with --render 64x64 (or 32x32 / 16x16), or train with --no-images",
         ) from None
     run_config = RunConfig(model=model_cfg, train=t)
+    check_device_options(t)  # before anything is written
 
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
@@ -238,6 +239,31 @@ def train(
             log_card(logger.experiment, result.quality, trainer.global_step)
             logger.experiment.flush()
     return result
+
+
+def check_device_options(t: TrainConfig) -> None:
+    """Lightning's accelerator / devices / strategy / precision, as Lightning itself judges them (a
+    throwaway Trainer); a bad value or a device that is not there is a UserError naming the option."""
+    import lightning as L
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    opts = f"--accelerator {t.accelerator} --devices {t.devices} --strategy {t.strategy} --precision {t.precision}"
+    try:
+        L.Trainer(
+            accelerator=t.accelerator,
+            devices=_devices(t.devices),
+            strategy=t.strategy,
+            precision=resolve_precision(t),
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+    except (ValueError, TypeError, MisconfigurationException) as exc:
+        raise UserError(
+            f"bad device option ({opts}): {str(exc).splitlines()[0][:300]}",
+            "see `wmcheck train --help`; `--accelerator auto --devices auto` picks what this machine has",
+        ) from None
 
 
 def interrupted(trainer, last: Path, exc: BaseException) -> Interrupted:
