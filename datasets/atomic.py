@@ -1,7 +1,11 @@
-"""Atomic output: write to a temporary name beside the target, rename on success.
+"""Atomic output: write to a temporary name beside the target, fsync, rename on success.
 
 Nothing half-written is ever left at the final path: on any exception the temporary file is
-removed and the target (if it existed) is untouched.
+removed and the target (if it existed) is untouched; after a kill, at worst a stale
+`.<name>.*.tmp` file is left beside it (`remove_stale_temporaries`). The temporary file is in the
+target's own folder, so the rename never becomes a copy across filesystems. A target that exists
+and is not a regular file (a device such as /dev/null, a folder, a pipe) is refused: replacing
+it would destroy it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,13 @@ from pathlib import Path
 def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it onto `target` on success."""
     target = Path(target)
+    if target.exists() and not target.is_file():
+        from wmcheck.datasets.errors import UserError
+
+        raise UserError(
+            f"{target} exists and is not a regular file (a device, a folder or a pipe)",
+            "write to a new path or to a regular file",
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or ".tmp", dir=target.parent)
     os.close(fd)
@@ -26,7 +37,11 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; outputs get the usual permissions
     try:
         yield tmp_path
+        if tmp_path.is_file():
+            with open(tmp_path, "rb+") as f:
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp_path, target)
+        _fsync_dir(target.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
@@ -36,3 +51,26 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
 def write_text_atomic(target: str | os.PathLike, text: str) -> None:
     with atomic_path(target) as tmp:
         tmp.write_text(text)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (best effort: not every platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, name: str) -> list[Path]:
+    """Delete the temporaries a killed `atomic_path(folder / name)` left; returns them."""
+    stale = sorted(Path(folder).glob(f".{name}.*.tmp"))
+    for p in stale:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    return stale

@@ -36,6 +36,21 @@ class ModelBundle:
     file_hash: str = ""
 
 
+def atomic_checkpoint_io():
+    """Lightning's checkpoint writer with our atomic write: the temporary file beside the target
+    (Lightning's own goes through the system temp folder, so on another filesystem its rename is a
+    copy that a kill leaves half-written), fsynced, then renamed; the previous checkpoint stays in
+    place until the new one is complete."""
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    class AtomicCheckpointIO(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+            with atomic_path(path) as tmp:
+                torch.save(checkpoint, tmp)
+
+    return AtomicCheckpointIO()
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

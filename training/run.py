@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from wmcheck.datasets.atomic import write_text_atomic
+from wmcheck.datasets.atomic import remove_stale_temporaries, write_text_atomic
 from wmcheck.datasets.errors import Interrupted, UserError
-from wmcheck.training.checkpoint import file_sha256, save_model
+from wmcheck.training.checkpoint import atomic_checkpoint_io, file_sha256, save_model
 from wmcheck.training.config import RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule
 from wmcheck.training.module import NonFiniteLoss, WorldModelModule
@@ -109,6 +109,8 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
     last = ckpt_dir / "last.ckpt"
+    for name in ("last.ckpt", "best.ckpt"):  # what a kill during a checkpoint write left behind
+        remove_stale_temporaries(ckpt_dir, name)
     cfg_path = out / "config.json"
     if cfg_path.exists() and last.exists() and resume:
         old = json.loads(cfg_path.read_text())
@@ -174,6 +176,7 @@ def train(
         enable_progress_bar=t.progress_bar,
         enable_model_summary=False,
         deterministic=False,
+        plugins=[atomic_checkpoint_io()],
     )
     if trainer.is_global_zero:
         logger.experiment.add_text(
