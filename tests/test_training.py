@@ -327,3 +327,54 @@ def test_bad_training_options_are_refused_before_anything_is_written(option, wor
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err, err
     assert not out.exists()  # nothing was written: a corrected command starts clean
+
+
+def _tiny(**kw) -> TrainConfig:
+    return TrainConfig(
+        **{
+            **dict(
+                preset="debug", max_steps=4, batch_size=4, seq_len=16, val_every=2, ckpt_every=2, progress_bar=False
+            ),
+            **kw,
+        }
+    )
+
+
+def test_a_run_folder_is_locked_while_training_and_a_stale_lock_is_taken_over(pendulum_log, tmp_path):
+    import socket
+
+    from wmcheck.datasets.errors import UserError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / ".train.lock").write_text(f"{sleeper.pid} {socket.gethostname()}")
+        with pytest.raises(UserError, match=f"being trained by another wmcheck process \\({sleeper.pid}"):
+            train(pendulum_log, out, build_run_config(_tiny()))
+        assert not (out / "config.json").exists()  # refused before anything was written
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the holder is gone (a kill): its lock is stale, the next train takes it over and removes it
+    result = train(pendulum_log, out, build_run_config(_tiny()))
+    assert result.steps == 4 and not (out / ".train.lock").exists()
+
+
+def test_a_resume_with_another_split_or_log_is_refused_and_changes_nothing(pendulum_log, tmp_path):
+    from wmcheck.datasets.errors import UserError
+
+    out = tmp_path / "run"
+    train(pendulum_log, out, build_run_config(_tiny()))
+    before = {p.name: p.read_bytes() for p in (out / "config.json", out / "data.json")}
+    with pytest.raises(UserError, match="another episode split \\(seed 0 -> 1\\)"):
+        train(pendulum_log, out, build_run_config(_tiny(seed=1, max_steps=6)))
+    with pytest.raises(UserError, match="another episode split \\(val_fraction 0.2 -> 0.3\\)"):
+        train(pendulum_log, out, build_run_config(_tiny(val_fraction=0.3, max_steps=6)))
+    other = tmp_path / "other.h5"
+    other.write_bytes(Path(pendulum_log).read_bytes() + b"\0")  # the same episodes, another data hash
+    with pytest.raises(UserError, match="trained on another log"):
+        train(other, out, build_run_config(_tiny(max_steps=6)))
+    assert {p.name: p.read_bytes() for p in (out / "config.json", out / "data.json")} == before
+    # a schedule change is a resume, not another run
+    assert train(pendulum_log, out, build_run_config(_tiny(max_steps=6, lr=5e-4))).steps == 6

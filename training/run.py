@@ -18,10 +18,12 @@ validation split the exported model is the best checkpoint's, not the last step'
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import socket
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,10 +88,6 @@ def build_run_config(train: TrainConfig, ensemble: int = 1, **model_overrides) -
 def train(
     log_path: str | os.PathLike, out_dir: str | os.PathLike, run_config: RunConfig, resume: bool = True
 ) -> TrainResult:
-    import lightning as L
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     out = Path(out_dir)
     t = run_config.train
     dm = LogDataModule(log_path, t)
@@ -105,22 +103,27 @@ def train(
         ) from None
     run_config = RunConfig(model=model_cfg, train=t)
     check_device_options(t)  # before anything is written
+    with run_lock(out):
+        return _train_in(out, log_path, dm, run_config, resume)
 
+
+def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, resume: bool) -> TrainResult:
+    """The run itself, in a locked RUNDIR (see train)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    t = run_config.train
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
     last = ckpt_dir / "last.ckpt"
     for name in ("last.ckpt", "best.ckpt"):  # what a kill during a checkpoint write left behind
         remove_stale_temporaries(ckpt_dir, name)
     cfg_path = out / "config.json"
-    if cfg_path.exists() and last.exists() and resume:
-        old = json.loads(cfg_path.read_text())
-        if old.get("model") != run_config.to_dict()["model"]:
-            raise UserError(
-                f"{out} holds a run with a different world-model config",
-                "use a new --out folder, or the same --preset/--ensemble to resume it",
-            )
-    write_text_atomic(cfg_path, run_config.to_json())
     data_hash = file_sha256(log_path)
+    if cfg_path.exists() and last.exists() and resume:
+        refuse_other_run(out, run_config, data_hash)  # before anything in the folder changes
+    write_text_atomic(cfg_path, run_config.to_json())
     write_text_atomic(
         out / "data.json", json.dumps({"log": str(Path(log_path).resolve()), "sha256": data_hash}, indent=2)
     )
@@ -158,6 +161,7 @@ def train(
     # We checkpoint after the optimiser step on purpose (resume continues from the stepped state).
     warnings.filterwarnings("ignore", message=".*manual optimization and every_n_train_steps.*")
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")  # a resume
     trainer = L.Trainer(
         max_steps=t.max_steps,
         max_epochs=-1,
@@ -242,6 +246,86 @@ def train(
             log_card(logger.experiment, result.quality, trainer.global_step)
             logger.experiment.flush()
     return result
+
+
+def refuse_other_run(out: Path, run_config: RunConfig, data_hash: str) -> None:
+    """A resume must continue the same run: the same world model, the same training data and the
+    same episode split (seed, val_fraction; another split would calibrate on trained episodes).
+    Schedule fields (max_steps, lr, patience, ...) may change. Raises before anything is written."""
+    old = json.loads((out / "config.json").read_text())
+    new = run_config.to_dict()
+    if old.get("model") != new["model"]:
+        raise UserError(
+            f"{out} holds a run with a different world-model config",
+            "use a new --out folder, or the same --preset/--ensemble to resume it",
+        )
+    changed = [k for k in ("seed", "val_fraction") if old.get("train", {}).get(k) != new["train"][k]]
+    if changed:
+        was = ", ".join(f"{k} {old['train'].get(k)} -> {new['train'][k]}" for k in changed)
+        raise UserError(
+            f"{out} holds a run with another episode split ({was})",
+            "use a new --out folder, or the run's own --seed / --val-fraction to resume it",
+        )
+    data = out / "data.json"
+    if data.exists() and json.loads(data.read_text()).get("sha256") != data_hash:
+        raise UserError(
+            f"{out} holds a run trained on another log (its data hash differs)",
+            "use a new --out folder, or pass the run's own training log to resume it",
+        )
+
+
+LOCK_FILE = ".train.lock"
+
+
+@contextlib.contextmanager
+def run_lock(out: Path):
+    """Exclusive use of RUNDIR by one `train` (its PID and host in RUNDIR/.train.lock, removed on
+    exit). A lock whose process is gone (a kill) is stale and taken over. The other processes of a
+    multi-device run (Lightning re-launches the script with LOCAL_RANK set) share their rank 0's."""
+    if int(os.environ.get("LOCAL_RANK", "0") or 0) or int(os.environ.get("NODE_RANK", "0") or 0):
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / LOCK_FILE
+    me = f"{os.getpid()} {socket.gethostname()}"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = lock.read_text().strip() if lock.exists() else ""
+            if _alive(holder):
+                raise UserError(
+                    f"{out} is being trained by another wmcheck process ({holder or 'unknown'})",
+                    "wait for it to finish, or train into another --out folder",
+                ) from None
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        break
+    else:
+        raise UserError(f"cannot take the lock {lock}", f"remove {lock} if no wmcheck train uses {out}")
+    try:
+        yield
+    finally:
+        if lock.exists() and lock.read_text().strip() == me:
+            lock.unlink()
+
+
+def _alive(holder: str) -> bool:
+    """Whether the 'PID host' of a lock file is a running process (on another host: assume so)."""
+    parts = holder.split()
+    if len(parts) != 2 or not parts[0].isdigit():
+        return False
+    if parts[1] != socket.gethostname():
+        return True
+    try:
+        os.kill(int(parts[0]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def check_device_options(t: TrainConfig) -> None:
