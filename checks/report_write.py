@@ -1,7 +1,8 @@
 """Writing a check's outputs: report.json (schema-versioned), report.html and a TensorBoard run.
 
 Owns the output folder layout (REPORTDIR/report.json, report.html, tb/) and atomic writes: each file
-is written under a temporary name and renamed, so a killed check never leaves a half report.
+is written under a temporary name and renamed, so a killed check never leaves a half report, and
+the old pair is removed first, so a report.json never sits beside another run's report.html.
 """
 
 from __future__ import annotations
@@ -34,8 +35,15 @@ def write_outputs(report: dict, out_dir: str | Path, tensorboard: bool = True) -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "report.json", "html": out / "report.html"}
-    write_text_atomic(paths["json"], json.dumps(public_report(report), indent=2, allow_nan=False))
-    write_text_atomic(paths["html"], render_html(report))
+    # Both texts are made before anything is touched (a failure leaves the old set as it was); then
+    # the old set is removed and the HTML written before the JSON, so a report.json on disk always
+    # has its own report.html beside it: a kill between the two leaves no JSON, never a mixed pair.
+    text_json = json.dumps(public_report(report), indent=2, allow_nan=False)
+    text_html = render_html(report)
+    for old in (paths["json"], paths["html"]):
+        old.unlink(missing_ok=True)
+    write_text_atomic(paths["html"], text_html)
+    write_text_atomic(paths["json"], text_json)
     if tensorboard:
         paths["tensorboard"] = write_tensorboard(report, out / "tb")
     return paths
