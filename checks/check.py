@@ -33,7 +33,7 @@ from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvid
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
 from wmcheck.checks.model_log import read_log_for_model
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
-from wmcheck.checks.power import power_table
+from wmcheck.checks.power import cached_power_table
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.stats import block_mmd_test, conformal_p, rank_auc
@@ -168,7 +168,7 @@ def run_check(
         )
     # the power of a check of this size is a property of the model and its calibration, not of the
     # checked data: the calibration's seed, so that two checks of equal size get the same table
-    power = power_table(cal, max(len(comp_idx), 1), alpha, cfg.power_target, seed=cfg.seed)
+    power = cached_power_table(run_dir, cal, max(len(comp_idx), 1), alpha, cfg.power_target, cfg.seed)
     policy_passed = None if pol is None else bool(pol["gate"]["passed"])
     ev = CheckEvidence(
         div, gaps, dist, corrected, policy_passed, _power_evidence(power, inp, gate), _model_quality(inp)

@@ -11,7 +11,9 @@ probability >= power_target is what a pass is worth.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -168,6 +170,44 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
             "control_detection": control_rate,
             "reliable": bool(reliable),
         }
+    return table
+
+
+POWER_CACHE = "power_cache.json"
+"""RUNDIR/power_cache.json: power tables already computed for this calibration, by check size."""
+
+
+def cached_power_table(run_dir: Path, cal: Calibration, n_blocks: int, alpha: float, target: float, seed: int) -> dict:
+    """`power_table` of a check of n_blocks, computed once per calibration and check size: the
+    table depends only on the calibration and these arguments, so a check of a size seen before
+    reads it from RUNDIR/power_cache.json (keyed by the calibration's hash; a re-calibration
+    starts a new cache). A run folder that cannot be written just goes uncached."""
+    from wmcheck.datasets.atomic import write_text_atomic
+    from wmcheck.training.checkpoint import file_sha256
+
+    run_dir = Path(run_dir)
+    ident = file_sha256(run_dir / "calibration.npz")
+    key = f"n={int(n_blocks)} alpha={float(alpha)!r} target={float(target)!r} seed={int(seed)}"
+    path = run_dir / POWER_CACHE
+    cache = {"calibration_sha256": ident, "tables": {}}
+    try:
+        stored = json.loads(path.read_text())
+        if (
+            isinstance(stored, dict)
+            and stored.get("calibration_sha256") == ident
+            and isinstance(stored.get("tables"), dict)
+        ):
+            cache = stored
+    except (OSError, ValueError):
+        pass
+    if key in cache["tables"]:
+        return cache["tables"][key]
+    table = json.loads(json.dumps(power_table(cal, n_blocks, alpha, target, seed=seed)))  # as the cache returns it
+    cache["tables"][key] = table
+    try:
+        write_text_atomic(path, json.dumps(cache))
+    except OSError:
+        pass
     return table
 
 

@@ -351,3 +351,29 @@ def test_a_calibration_that_does_not_name_its_model_is_refused(pendulum, tmp_pat
     (copy / "calibration.json").write_text(json.dumps(cal))
     with pytest.raises(UserError, match="belongs to another model.pt"):
         run_check(copy, _sim(tmp, meta, "faithful_nohash", RealityProfile()))
+
+
+def test_the_power_table_is_computed_once_per_calibration_and_check_size(pendulum, tmp_path):
+    """Two checks of the same size share one power table (RUNDIR/power_cache.json), equal to the
+    table computed afresh; a new calibration does not reuse the old tables."""
+    from wmcheck.checks.calibration import Calibration
+    from wmcheck.checks.power import POWER_CACHE, power_table
+
+    run, meta, tmp = pendulum
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / POWER_CACHE).unlink(missing_ok=True)
+    sim = _sim(tmp, meta, "faithful_cache", RealityProfile())
+    first = run_check(copy, sim)
+    cache = json.loads((copy / POWER_CACHE).read_text())
+    assert len(cache["tables"]) == 1
+    second = run_check(copy, sim)
+    assert second["power"] == first["power"]
+    cal = Calibration.load(copy)
+    n = first["power"]["n_blocks"]
+    fresh = power_table(cal, n, first["summary"]["alpha"], cal.config.power_target, seed=cal.config.seed)
+    assert json.loads(json.dumps(fresh)) == first["power"]["gaps"]
+    cache["calibration_sha256"] = "another calibration"
+    cache["tables"] = {k: {"latency": {"sizes": [99]}} for k in cache["tables"]}
+    (copy / POWER_CACHE).write_text(json.dumps(cache))
+    assert run_check(copy, sim)["power"] == first["power"]  # the stale tables were not used
