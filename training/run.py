@@ -67,6 +67,13 @@ def _devices(value: str):
     return [int(v) for v in value.split(",") if v.strip()]
 
 
+def device_kwargs(t: TrainConfig) -> dict:
+    """The Lightning Trainer's device arguments of a TrainConfig (one place for the run and its check)."""
+    return dict(
+        accelerator=t.accelerator, devices=_devices(t.devices), strategy=t.strategy, precision=resolve_precision(t)
+    )
+
+
 def hparams_markdown(run_config: RunConfig, extra: dict) -> str:
     rows = ["| parameter | value |", "|---|---|"]
     for section, values in run_config.to_dict().items():
@@ -165,10 +172,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     trainer = L.Trainer(
         max_steps=t.max_steps,
         max_epochs=-1,
-        accelerator=t.accelerator,
-        devices=_devices(t.devices),
-        strategy=t.strategy,
-        precision=resolve_precision(t),
+        **device_kwargs(t),
         logger=logger,
         callbacks=callbacks,
         max_time={"seconds": t.max_minutes * 60} if t.max_minutes else None,
@@ -337,10 +341,7 @@ def check_device_options(t: TrainConfig) -> None:
     opts = f"--accelerator {t.accelerator} --devices {t.devices} --strategy {t.strategy} --precision {t.precision}"
     try:
         L.Trainer(
-            accelerator=t.accelerator,
-            devices=_devices(t.devices),
-            strategy=t.strategy,
-            precision=resolve_precision(t),
+            **device_kwargs(t),
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
