@@ -39,10 +39,11 @@ from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
 from wmcheck.checks.stats import block_mmd_test, conformal_p, rank_auc
 from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.json_safe import json_safe
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
 from wmcheck.training.checkpoint import file_sha256, load_model
-from wmcheck.training.quality import QualityCard, json_clean, read_card
+from wmcheck.training.quality import QualityCard, read_card
 
 REPORT_VERSION = 3  # 2: adds the `policy` and `regimes` sections; 3: the `inconclusive` verdict (exit 3)
 NEXT_STEPS = rb.NEXT_STEPS
@@ -455,7 +456,7 @@ def _quality_summary(inp: CheckInputs) -> dict | None:
         return None
     c = card.competence(inp.cfg.horizon)
     steps = [h for h in (1, 4, 16, c.horizon) if h <= card.horizon]
-    return json_clean(
+    return json_safe(
         {
             "competent": c.competent,
             "sentence": c.sentence(),

@@ -44,6 +44,7 @@ import numpy as np
 
 from wmcheck.datasets import layout as L
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.json_safe import json_safe
 from wmcheck.datasets.logformat import REQUIRED, open_h5
 
 REPORT_VERSION = 1
@@ -485,18 +486,5 @@ def validate_log(path: str | os.PathLike) -> ValidationReport:
             ) from None
 
 
-def _json_safe(x):
-    """NaN/inf → None, numpy scalars → Python: strict JSON for `--json`."""
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if np.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
-
-
 def report_json(report: ValidationReport) -> str:
-    return json.dumps(_json_safe(report.to_dict()), indent=2, allow_nan=False)
+    return json.dumps(json_safe(report.to_dict()), indent=2, allow_nan=False)

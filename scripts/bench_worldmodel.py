@@ -38,7 +38,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from wmcheck.scripts.bench_report import finish, machine_info, write_results
@@ -120,17 +119,6 @@ def make_log(spec: SystemSpec, path: Path) -> dict:
         ids = log.episode_ids
         steps = sum(log.num_steps(i) for i in ids)
     return {"source": what, "episodes": len(ids), "steps": steps}
-
-
-def _clean(x):
-    """NaN -> None for JSON."""
-    if isinstance(x, np.ndarray):
-        x = x.tolist()
-    if isinstance(x, list):
-        return [_clean(v) for v in x]
-    if isinstance(x, float) and not np.isfinite(x):
-        return None
-    return x
 
 
 def train_config(spec: SystemSpec, config: str, args) -> TrainConfig:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wmcheck.datasets.json_safe import json_safe
 from wmcheck.training.conformal import cross_fitted_coverage, interval_covered
 from wmcheck.training.openloop import horizon_metrics
 
@@ -78,7 +79,7 @@ class QualityCard:
         return Competence(ok, h, wm, arx)
 
     def to_dict(self) -> dict:
-        return json_clean(asdict(self))
+        return json_safe(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict) -> QualityCard:
@@ -121,19 +122,6 @@ class QualityCard:
                     "a larger --preset, or on more real data."
                 )
         return rows
-
-
-def json_clean(x):
-    """NaN / inf -> None, numpy -> Python, for JSON."""
-    if isinstance(x, dict):
-        return {k: json_clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return [json_clean(v) for v in (x.tolist() if isinstance(x, np.ndarray) else x)]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if np.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
 
 
 @torch.no_grad()
