@@ -30,7 +30,7 @@ import numpy as np
 
 from wmcheck.checks.blocks import make_blocks
 from wmcheck.checks.scoring import attribution_objective, one_step_nll
-from wmcheck.checks.transforms import actuator_correction, shift_actions
+from wmcheck.checks.transforms import actuator_correction, shift_drivers
 
 ACTUATOR_KINDS = ("gain", "offset", "deadband")
 """The actuator corrections searched, one factor at a time per command channel."""
@@ -106,7 +106,7 @@ def search_matrices(
     delays = np.arange(-cfg.max_delay, cfg.max_delay + 1)
     latency = (
         np.stack(
-            [one_step_nll(model, blocks([shift_actions(e, int(d)) for e in episodes]), seed=cfg.seed) for d in delays]
+            [one_step_nll(model, blocks([shift_drivers(e, int(d)) for e in episodes]), seed=cfg.seed) for d in delays]
         )
         if latency
         else np.zeros((0, 0))
@@ -314,6 +314,7 @@ def residual_evidence(
     boot_idx,
     groups: tuple[np.ndarray, np.ndarray],
     sensor_share: float = 1.0,
+    dynamics_share: float = 1.0,
 ) -> ResidualStats:
     """Sensor-noise and dynamics evidence per channel from the blocks' one-step residual statistics
     (n, D) vs real blocks' (m, D): level (std), bias (mean) and colour (lag-1 autocorrelation).
@@ -326,8 +327,9 @@ def residual_evidence(
       sensor_noise  per channel: max(|z_level|, |z_bias|) over its critical value at sensor_share x alpha / (4 D)
                     (two-sided, two statistics), except on channels whose residuals are both larger
                     and significantly more coloured than reality's (those are dynamics);
-      dynamics      per channel: min(z_level, z_colour) over the one-sided critical value at alpha / D:
-                    larger AND more coloured residuals.
+      dynamics      per channel: min(z_level, z_colour) over the one-sided critical value at
+                    dynamics_share x alpha / D: larger AND more coloured residuals (the open-loop
+                    bias test, bias.py, takes the rest of the dynamics level).
     Every z is the episode-level Welch t of the statistic (stats.episode_t; groups = (checked, real)
     episode of each block: blocks of one episode are dependent and a rank test of few episodes
     saturates), mapped to the normal scale by its tail probability (stats.t_to_z). Estimates: noise
@@ -341,7 +343,7 @@ def residual_evidence(
     gx, gy = (np.asarray(g) for g in groups)
     D = checked_std.shape[1]
     crit_sensor = NormalDist().inv_cdf(1 - sensor_share * alpha / (4 * D))  # share: the rest goes to smoothness
-    crit_dyn = NormalDist().inv_cdf(1 - alpha / D)
+    crit_dyn = NormalDist().inv_cdf(1 - dynamics_share * alpha / D)  # share: the rest goes to the open-loop bias
     log_real = np.log(np.maximum(real_std, 1e-12))
     refs = {"level": log_real, "bias": real_mean, "colour": real_ac1}
 

@@ -42,10 +42,11 @@ from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 from wmcheck.training.conformal import fit_spread_scale
 from wmcheck.training.quality import compute_card, read_card, write_card
 
-CALIBRATION_VERSION = 5  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 6  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
-# 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale
+# 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale;
+# 6: the power entries' open-loop bias cells (bias.py)
 @dataclass
 class Calibration:
     config: CheckConfig

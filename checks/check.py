@@ -36,7 +36,7 @@ from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.power import cached_power_table
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
-from wmcheck.checks.stats import block_mmd_test, conformal_p, rank_auc
+from wmcheck.checks.stats import block_mmd_test, conformal_p, separation
 from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.json_safe import json_safe
@@ -143,6 +143,7 @@ def run_check(
             rng,
             seed,
             inp.meta.dt,
+            {**inp.bundle.channels.get("units", {}), **(inp.meta.units or {})},
         )
     )
     corrected = div if gt.corrected_scores is sc else _divergence(inp, gt.corrected_scores, comp.competent, twin)
@@ -302,7 +303,7 @@ def _episode_details(div, inp: CheckInputs, sc: BlockScores, flagged: np.ndarray
     for e in div.episodes:
         idx = np.flatnonzero(blocks.episode == e.id)
         e.name, e.steps = by_id[e.id].name, int(by_id[e.id].num_steps)
-        e.score = max(rank_auc(getattr(sc, s)[idx], getattr(cal.real, s)) for s in SCORES)
+        e.score = max(separation(getattr(sc, s)[idx], getattr(cal.real, s)) for s in SCORES)
         e.mean_scores = {s: float(v[idx].mean()) for s, v in score_arrays(sc).items()}
         for b in idx[flagged[idx]]:  # the first flagged competent block: where divergence starts
             over = np.array([], int)
@@ -314,7 +315,8 @@ def _episode_details(div, inp: CheckInputs, sc: BlockScores, flagged: np.ndarray
 
 def _power_evidence(power: dict, inp: CheckInputs, gate: Gate) -> PowerEvidence:
     """What the power table says a check of this size could detect; the types a pass needs."""
-    applies = [g for g in POWER_GAPS if g not in ("latency", "actuator") or inp.norm.dim("action") > 0]
+    drivers = {"latency": inp.norm.dim("action") + inp.norm.dim("input"), "actuator": inp.norm.dim("action")}
+    applies = [g for g in POWER_GAPS if drivers.get(g, 1) > 0]
     required = tuple(gate.require_power) if gate.require_power is not None else tuple(applies)
     return PowerEvidence(
         {g: row["smallest_detected"] is not None for g, row in power.items()},
@@ -376,14 +378,18 @@ def _report(
     comp_idx = np.flatnonzero(comp.competent)
     rows = rb.gap_rows(ev, dec, visual_row)
     sel = comp_idx if len(comp_idx) else slice(None)
-    score = max(rank_auc(getattr(sc, s)[sel], getattr(real, s)) for s in SCORES)
+    score = max(separation(getattr(sc, s)[sel], getattr(real, s)) for s in SCORES)
     return {
         "report_version": REPORT_VERSION,
         "verdict": dec.verdict,
         "exit_code": dec.exit_code,
         "summary": {
             "score": round(float(score), 4),
-            "score_meaning": "largest over scores of P(a checked block scores worse than a held-out real block); 0.5 = like reality, 1 = every block worse",
+            "score_meaning": (
+                "largest over scores of max(AUC, 1 - AUC), AUC = P(a checked block scores worse than a held-out "
+                "real block): 0.5 = like reality, 1 = every checked block worse (or every one better: smoother "
+                "than reality) than every real block"
+            ),
             "top_gap": dec.top_gap,
             "confounded": dec.confounded,
             "episodes": len(dec.episodes),

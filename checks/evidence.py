@@ -43,7 +43,7 @@ class EpisodeEvidence:
     name: str | None = None
     steps: int = 0
     onset_step: int | None = None  # step of the first flagged competent block's divergence
-    score: float = 0.5  # largest rank AUC over scores of the episode's blocks against real blocks
+    score: float = 0.5  # largest two-sided rank AUC (stats.separation) over scores of its blocks vs real blocks
     mean_scores: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -3,16 +3,19 @@ sensor_noise and dynamics (attribution.py owns the statistics; this module appli
 
 Owns `run_gap_tests(ctx) -> GapTests`, in the order corrections are found (each on what the
 previous ones leave, since a delay looks partly like a weaker gain):
-  1. latency: the delay search over -max_delay..max_delay (one-step NLL), the estimate by curve
-     registration against the real blocks' curve;
+  1. latency: the delay search over -max_delay..max_delay (one-step NLL) of the commands and the
+     exogenous inputs together (transforms.shift_drivers), the estimate by curve registration
+     against the real blocks' curve;
   2. actuator: per command channel and kind (gain / offset / deadband) the search on the commands
      with the latency found (when its test fires) corrected; only the candidates the model can
      judge (commands inside the training range; attribution.allowed_corrections); Bonferroni
      over the searches; the estimate is the significant correction that explains the most;
   3. the corrections that fired are applied and the blocks re-scored: the residual tests
-     (sensor_noise, dynamics; attribution.residual_evidence) and the too-smooth test (the lower
+     (sensor_noise, dynamics; attribution.residual_evidence), the too-smooth test (the lower
      tail of KL and one-step NLL; attribution.smoothness_evidence, half of sensor_noise's level)
-     run on the corrected scores, and so
+     and the two-sided open-loop bias test (bias.py, overall and per operating regime, half of
+     dynamics' level: the other half is the coloured-residual test) run on the corrected scores,
+     and so
      do the divergence tests the decision uses for tolerated gaps (`GapTests.corrected_scores`).
 Each test yields a `GapEvidence` with a typed detail (LatencyDetail, ActuatorDetail,
 ResidualDetail) that the report words; the gate's tolerances (config.Tolerances) set
@@ -26,12 +29,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wmcheck.checks import attribution as attr
-from wmcheck.checks.blocks import Blocks, make_blocks
+from wmcheck.checks import bias as ob
+from wmcheck.checks.blocks import Blocks, block_controls, make_blocks
 from wmcheck.checks.config import Tolerances
 from wmcheck.checks.evidence import GapEvidence
 from wmcheck.checks.scoring import BlockScores, score_blocks
 from wmcheck.checks.stats import cluster_bootstrap
-from wmcheck.checks.transforms import actuator_correction, shift_actions
+from wmcheck.checks.transforms import actuator_correction, shift_drivers
 
 
 @dataclass
@@ -50,6 +54,7 @@ class GapContext:
     rng: np.random.Generator
     seed: int = 0
     dt: float | None = None
+    units: dict = field(default_factory=dict)  # channel name -> unit (the report's estimates)
 
 
 @dataclass
@@ -101,6 +106,22 @@ class ResidualDetail:
     per_channel_ratio: np.ndarray  # (D,) open-loop error, checked / real
     per_horizon_ratio: np.ndarray  # (H,)
     smoothness: attr.Smoothness | None = None  # the too-smooth test (sensor_noise's other half)
+    bias: BiasDetail | None = None  # the open-loop bias test (dynamics' other half)
+
+
+@dataclass
+class BiasDetail:
+    """The open-loop bias test (bias.py) with what the report needs to say it in physical units."""
+
+    test: ob.BiasTest
+    cells: list  # (C,) bias.Cell
+    obs_std: np.ndarray  # (D,) normalised -> physical
+    level: np.ndarray  # (C,) the model's predicted value of the cell's channel, physical units
+    control_names: list[str]
+    control_mean: np.ndarray  # (K,) normalised -> physical controls
+    control_std: np.ndarray  # (K,)
+    obs_names: list[str] = field(default_factory=list)
+    units: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -120,26 +141,27 @@ def run_gap_tests(ctx: GapContext) -> GapTests:
     boot_idx = cluster_bootstrap(ctx.rng, ctx.blocks.episode[ctx.comp_idx], ctx.cal.config.bootstrap)  # whole episodes
     latency = latency_test(ctx, boot_idx)
     shift = latency.detail.steps if latency.fires else 0
-    act_eps = [shift_actions(e, shift) for e in ctx.episodes] if shift else ctx.episodes
+    act_eps = [shift_drivers(e, shift) for e in ctx.episodes] if shift else ctx.episodes
     actuator = actuator_test(ctx, act_eps, boot_idx)
     corrected, applied = act_eps, [f"delay {shift} steps"] if shift else []
     if actuator.fires:
         b = actuator.detail.best
         corrected = [actuator_correction(e, b.index, b.kind, b.value) for e in corrected]
         applied.append(f"{b.kind} {b.value:.3g} on {b.channel}")
-    sc = ctx.scores
+    sc, blocks = ctx.scores, ctx.blocks
     if applied:
         cfg = ctx.cal.config
+        blocks = make_blocks(corrected, ctx.norm, cfg.context, cfg.horizon)
         sc = score_blocks(
             ctx.model,
-            make_blocks(corrected, ctx.norm, cfg.context, cfg.horizon),
+            blocks,
             cfg.samples,
             ctx.cal.support_ref,
             ctx.cal.support_scale,
             seed=ctx.seed,
             spread_scale=ctx.cal.spread_scale,
         )
-    sensor, dynamics = residual_tests(ctx, sc, boot_idx, applied)
+    sensor, dynamics = residual_tests(ctx, sc, boot_idx, applied, block_controls(blocks))
     return GapTests(
         {"latency": latency, "actuator": actuator, "sensor_noise": sensor, "dynamics": dynamics}, sc, applied
     )
@@ -147,6 +169,8 @@ def run_gap_tests(ctx: GapContext) -> GapTests:
 
 def latency_test(ctx: GapContext, boot_idx) -> GapEvidence:
     cfg, real = ctx.cal.config, ctx.cal.real_search
+    if ctx.norm.dim("action") + ctx.norm.dim("input") == 0:
+        return GapEvidence.not_checked("latency", "no command or exogenous input channels to be late against")
     J = attr.search_matrices(
         ctx.model, ctx.episodes, ctx.norm, cfg, ctx.norm.std["action"].astype(float), actuator=False
     )
@@ -243,7 +267,36 @@ def actuator_test(ctx: GapContext, act_eps, boot_idx) -> GapEvidence:
     )
 
 
-def residual_tests(ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str]) -> tuple[GapEvidence, GapEvidence]:
+def bias_detail(ctx: GapContext, sc: BlockScores, controls: np.ndarray, boot_idx, level: float) -> BiasDetail | None:
+    """The open-loop bias test of the competent blocks against the held-out real blocks (bias.py);
+    None when the calibration has no per-step errors."""
+    cal, idx, norm = ctx.cal, ctx.comp_idx, ctx.norm
+    if cal.real.err_steps.ndim != 3 or sc.err_steps.ndim != 3:
+        return None
+    edges = ob.regime_edges(cal.real_controls)
+    ctrl = controls[idx]
+    test = ob.bias_test(
+        ob.bias_cells(sc.err_steps[idx], ctrl, edges),
+        ctx.blocks.episode[idx],
+        ob.bias_cells(cal.real.err_steps, cal.real_controls, edges),
+        cal.real_episode,
+        level,
+        ctx.rng,
+        boot_idx,
+    )
+    cells = ob.cell_layout(sc.err_steps.shape[-1], edges)
+    std, mean = norm.std["obs"].astype(float), norm.mean["obs"].astype(float)
+    ch = np.array([c.channel for c in cells])
+    level_phys = ob.predicted_level(sc.pred_mean[idx], ctrl, edges) * std[ch] + mean[ch]
+    names = list(norm.names["action"]) + list(norm.names["input"])
+    cmean = np.concatenate([norm.mean["action"], norm.mean["input"]]).astype(float)
+    cstd = np.concatenate([norm.std["action"], norm.std["input"]]).astype(float)
+    return BiasDetail(test, cells, std, level_phys, names, cmean, cstd, list(norm.names["obs"]), dict(ctx.units))
+
+
+def residual_tests(
+    ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str], controls: np.ndarray
+) -> tuple[GapEvidence, GapEvidence]:
     real, idx = ctx.cal.real, ctx.comp_idx
     stats = attr.residual_evidence(
         sc.resid_std[idx],
@@ -258,7 +311,9 @@ def residual_tests(ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str
         boot_idx,
         (ctx.blocks.episode[idx], ctx.cal.real_episode),
         sensor_share=0.5,  # the other half of the sensor test's level: smoothness (too clean a simulator)
+        dynamics_share=0.5,  # the other half of the dynamics test's level: the open-loop bias
     )
+    bias = bias_detail(ctx, sc, controls, boot_idx, ctx.level / 2)
     smooth = attr.smoothness_evidence(
         {s: getattr(sc, s)[idx] for s in attr.SMOOTHNESS_SCORES},
         ctx.blocks.episode[idx],
@@ -277,6 +332,7 @@ def residual_tests(ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str
         sc.div_channel[idx].mean(0) / np.maximum(real.div_channel.mean(0), 1e-9),
         sc.div_curve[idx].mean(0) / np.maximum(real.div_curve.mean(0), 1e-9),
         smooth,
+        bias,
     )
     worst = int(np.argmax(stats.sensor_per_channel))
     covers = ctx.tolerances.sensor_noise.covers(float(stats.ratio[worst]), float(stats.bias[worst] * std[worst]))
@@ -287,5 +343,10 @@ def residual_tests(ctx: GapContext, sc: BlockScores, boot_idx, applied: list[str
         boot=np.maximum(stats.sensor_boot, smooth.evidence),  # smoothness has no bootstrap: its point value
         detail=detail,
     )
-    dynamics = GapEvidence("dynamics", stats.dynamics_evidence, boot=stats.dynamics_boot, detail=detail)
+    dyn_ev, dyn_boot = stats.dynamics_evidence, stats.dynamics_boot
+    if bias is not None:
+        dyn_ev = max(dyn_ev, bias.test.evidence)
+        if len(bias.test.boot) == len(dyn_boot):
+            dyn_boot = np.maximum(dyn_boot, bias.test.boot)
+    dynamics = GapEvidence("dynamics", dyn_ev, boot=dyn_boot, detail=detail)
     return sensor, dynamics

@@ -19,18 +19,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wmcheck.checks.attribution import allowed_corrections, identity_index, search_matrices
-from wmcheck.checks.blocks import make_blocks
+from wmcheck.checks.bias import bias_cells, bias_test, regime_edges
+from wmcheck.checks.blocks import block_controls, make_blocks
 from wmcheck.checks.config import POWER_GAPS, SCORES, CheckConfig, split_alpha
 from wmcheck.checks.evidence import CheckEvidence, GapEvidence
 from wmcheck.checks.scoring import BlockScores, score_blocks
-from wmcheck.checks.transforms import actuator, observation_noise, shift_actions
+from wmcheck.checks.transforms import actuator, observation_noise, shift_drivers
 from wmcheck.datasets.normalize import Normalizer
 
 if TYPE_CHECKING:
     from wmcheck.checks.calibration import Calibration
 
 POWER_SIZES = {
-    "latency": (1, 2, 3, 4),  # steps the commands are delayed by
+    "latency": (1, 2, 3, 4),  # steps the commands and exogenous inputs are delayed by
     "actuator": (1.1, 1.25, 1.5, 2.0),  # gain on every command channel
     "sensor_noise": (0.05, 0.1, 0.25, 0.5),  # Gaussian noise, x each channel's training std
     "sensor_bias": (0.1, 0.25, 0.5, 1.0),  # bias, x each channel's training std
@@ -39,6 +40,7 @@ assert tuple(POWER_SIZES) == POWER_GAPS, "config.POWER_GAPS names the power tabl
 POWER_UNITS = {"latency": "steps", "actuator": "gain", "sensor_noise": "x channel std", "sensor_bias": "x channel std"}
 
 
+POWER_PERMUTATIONS = 999  # the bias test's permutations per draw (bias.PERMUTATIONS in a check)
 RESIDUALS = ("resid_std", "resid_mean", "resid_ac1")  # what the residual (sensor / dynamics) tests need
 POWER_SCORES = SCORES + RESIDUALS
 
@@ -51,8 +53,9 @@ class PowerEntry:
     search_latency: np.ndarray | None = None  # (Ld, n) the delay search on these blocks
     search_gain: np.ndarray | None = None  # (C, G, n) the gain search of every command channel
     allowed_gain: np.ndarray | None = None  # (C, G) the gains the model can judge on these blocks
+    bias_cells: np.ndarray | None = None  # (n, cells) open-loop bias per block and cell (bias.py)
 
-    OPTIONAL = ("search_latency", "search_gain", "allowed_gain")
+    OPTIONAL = ("search_latency", "search_gain", "allowed_gain", "bias_cells")
 
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
         out = {f"{prefix}score_{s}": self.scores[s] for s in POWER_SCORES}
@@ -223,6 +226,9 @@ class _PowerJudge:
         a_gap = split_alpha(alpha)[1]
         self.has_search = search.latency.size > 0
         self.thr_latency, self.thr_gain = None, None
+        self.real_cells = None  # (m, cells) the held-out blocks' open-loop bias cells (bias.py)
+        if cal.real.err_steps.ndim == 3 and cal.real_controls is not None:
+            self.real_cells = bias_cells(cal.real.err_steps, cal.real_controls, regime_edges(cal.real_controls))
         if self.has_search:  # thresholds at this draw size, from the same searches on half A
             self.lat_id = identity_index("delay", search.delays)
             self.thr_latency = null_quantile(
@@ -240,10 +246,11 @@ class _PowerJudge:
     def control_with_searches(self) -> PowerEntry:
         """Half B uninjected, with every search the check runs (latency and gains)."""
         c, search = self.cal.power.control, self.cal.real_search
+        cells = None if self.real_cells is None else self.real_cells[~self.in_a]
         if not self.has_search:
-            return c
+            return PowerEntry(c.scores, c.search_latency, c.search_gain, c.allowed_gain, cells)
         gain = search.actuator["gain"][:, :, ~self.in_a] if self.thr_gain is not None else None
-        return PowerEntry(c.scores, search.latency[:, ~self.in_a], gain, c.allowed_gain)
+        return PowerEntry(c.scores, search.latency[:, ~self.in_a], gain, c.allowed_gain, cells)
 
     def _search_gaps(self, entry: PowerEntry, idx: np.ndarray) -> dict[str, GapEvidence]:
         from wmcheck.checks.attribution import only_allowed, paired_improvement
@@ -279,6 +286,7 @@ class _PowerJudge:
             [],
             (ps.control_episode[idx], ps.null_episode),
             sensor_share=0.5,
+            dynamics_share=0.5,
         )
         from wmcheck.checks.attribution import smoothness_evidence
 
@@ -289,9 +297,21 @@ class _PowerJudge:
             ps.null_episode,
             split_alpha(self.alpha)[1] / 2,
         )
+        dynamics = st.dynamics_evidence
+        if self.real_cells is not None and entry.bias_cells is not None:
+            bt = bias_test(
+                entry.bias_cells[idx],
+                ps.control_episode[idx],
+                self.real_cells[self.in_a],
+                ps.null_episode,
+                split_alpha(self.alpha)[1] / 2,
+                self.rng,
+                permutations=POWER_PERMUTATIONS,
+            )
+            dynamics = max(dynamics, bt.evidence)
         return {
             "sensor_noise": GapEvidence("sensor_noise", max(st.sensor_evidence, smooth.evidence)),
-            "dynamics": GapEvidence("dynamics", st.dynamics_evidence),
+            "dynamics": GapEvidence("dynamics", dynamics),
         }
 
     def detected(self, entry: PowerEntry, idx: np.ndarray) -> bool:
@@ -313,7 +333,7 @@ class _PowerJudge:
 
 def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator):
     if gap == "latency":
-        return [shift_actions(e, -int(size)) for e in episodes]  # commands take effect `size` steps late
+        return [shift_drivers(e, -int(size)) for e in episodes]  # commands and inputs act `size` steps late
     if gap == "actuator":
         # A checked system whose commands act `size` times as strongly as reality's: the real
         # motions stay, the logged commands become 1/size of the real ones (this keeps them
@@ -357,6 +377,7 @@ def injected_power(
         PowerEntry({s: getattr(control, s) for s in POWER_SCORES}, allowed_gain=allowed(half_b)),
         blocks.episode[~in_a],
     )
+    edges = regime_edges(block_controls(blocks))
     for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
         entries = []
         for size in sizes:
@@ -365,6 +386,7 @@ def injected_power(
             assert np.array_equal(inj_blocks.episode, ps.control_episode), "injection changed the block layout"
             sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed, spread_scale=spread)
             entry = PowerEntry({s: getattr(sc, s) for s in POWER_SCORES})
+            entry.bias_cells = bias_cells(sc.err_steps, block_controls(inj_blocks), edges)
             if gap == "latency":
                 entry.search_latency = search_matrices(model, inj, norm, cfg, astd, actuator=False).latency
             elif gap == "actuator" and len(astd):

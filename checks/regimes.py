@@ -43,13 +43,13 @@ class RegimeConfig:
     not_competent_share: float = 0.5  # a bin is `not competent` when this share of its checked steps is
 
 
-def _edges(real_values: np.ndarray, bins: int) -> np.ndarray:
+def quantile_edges(real_values: np.ndarray, bins: int) -> np.ndarray:
     """Unique quantile edges of the real values (a channel with few distinct values gets fewer bins)."""
     q = np.quantile(real_values, np.linspace(0, 1, bins + 1))
     return np.unique(q)
 
 
-def _bin_of(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+def bin_of(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Bin index of each value against the inner edges; values outside the real range go to the
     end bins (and are counted separately as outside the range)."""
     return np.clip(np.searchsorted(edges[1:-1], values, side="right"), 0, len(edges) - 2)
@@ -124,7 +124,7 @@ def find_regimes(
     rz2 = (real_z.astype(np.float64) ** 2).mean(-1)  # (m, H)
     comp = np.asarray(competent, bool)
     K = checked_controls.shape[-1]
-    edges_all = [_edges(real_controls[..., k].ravel(), cfg.bins) for k in range(K)]
+    edges_all = [quantile_edges(real_controls[..., k].ravel(), cfg.bins) for k in range(K)]
     n_tests = sum(max(len(e) - 1, 0) for e in edges_all) or 1
     a_test = alpha / n_tests
     channels, regimes, not_competent, outside = [], [], [], []
@@ -134,7 +134,7 @@ def find_regimes(
             continue
         unit = units.get(name, "")
         cvals, rvals = checked_controls[..., k], real_controls[..., k]  # (n, H), (m, H)
-        cbin, rbin = _bin_of(cvals, edges), _bin_of(rvals, edges)
+        cbin, rbin = bin_of(cvals, edges), bin_of(rvals, edges)
         t_lo, t_hi = (
             (edges[0], edges[-1])
             if training_range is None

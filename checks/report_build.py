@@ -180,6 +180,81 @@ def sensor_row(g: GapEvidence, verdict: str) -> dict:
     )
 
 
+def _unit(units: dict, name: str) -> str:
+    u = units.get(name) or ""
+    return f" {u}" if u else ""
+
+
+def bias_cells_report(b) -> list[dict]:
+    """The open-loop bias per cell in physical units (gap_tests.BiasDetail): every channel's overall
+    cell and every significant regime cell, strongest first."""
+    t, ci = b.test, b.test.interval()
+    out = []
+    for c, cell in enumerate(b.cells):
+        if cell.control is not None and not t.significant[c]:
+            continue
+        sd = float(b.obs_std[cell.channel])
+        diff, lo, hi = (float(v) * sd for v in (t.difference[c], ci[c, 0], ci[c, 1]))
+        level = float(b.level[c])
+        rel_ok = np.isfinite(level) and abs(level) >= 0.1 * sd  # a level near zero makes % meaningless
+        where = None
+        if cell.control is not None:
+            k = cell.control
+            where = {
+                "control": b.control_names[k],
+                "range": [
+                    r4(cell.lo * b.control_std[k] + b.control_mean[k]),
+                    r4(cell.hi * b.control_std[k] + b.control_mean[k]),
+                ],
+            }
+        out.append(
+            {
+                "channel": b.obs_names[cell.channel],
+                "where": where,
+                "difference": r4(diff),
+                "ci95": [r4(lo), r4(hi)],
+                "relative": r4(diff / abs(level)) if rel_ok else None,
+                "relative_ci95": [r4(lo / abs(level)), r4(hi / abs(level))] if rel_ok else None,
+                "predicted_level": r4(level),
+                "t": r4(float(t.t[c])),
+                "significant": bool(t.significant[c]),
+            }
+        )
+    out.sort(key=lambda e: (not e["significant"], -abs(e["t"] or 0.0)))
+    return out
+
+
+def bias_sentence(b, cells: list[dict], fires: bool) -> str:
+    """The open-loop bias in words: where the checked data sit above or below reality."""
+    t = b.test
+    sig = [c for c in cells if c["significant"]]
+    null = (
+        f"max |t| over {len(b.cells)} channel x regime cells, null by permuting {t.checked_episodes} checked and "
+        f"{t.real_episodes} real episodes"
+        if t.null == "permutation"
+        else f"Welch t per cell, Bonferroni over {len(b.cells)} cells"
+    )
+    if not sig:
+        return f"open-loop bias: none significant (evidence {t.evidence:.2f}; {null})"
+    parts = []
+    for c in sig[:4]:
+        u = _unit(b.units, c["channel"])
+        side = "above" if c["difference"] > 0 else "below"
+        text = f"{c['channel']} {abs(c['difference']):.3g}{u} {side} reality (95 % CI {c['ci95'][0]:+.3g} to {c['ci95'][1]:+.3g}{u}"
+        if c["relative"] is not None:
+            text += f"; {c['relative']:+.0%} of the predicted {c['predicted_level']:.3g}{u}"
+        text += ")"
+        w = c["where"]
+        if w is None:
+            text += " over all imagined steps"
+        else:
+            text += f" at {w['control']} {w['range'][0]:.3g} to {w['range'][1]:.3g}{_unit(b.units, w['control'])}"
+        parts.append(text)
+    more = f" (and {len(sig) - 4} more cells)" if len(sig) > 4 else ""
+    lead = "open-loop bias, two-sided" + (": " if fires else " (below dynamics' level): ")
+    return lead + "; ".join(parts) + more + f" [{null}]"
+
+
 def dynamics_row(g: GapEvidence, verdict: str) -> dict:
     d = g.detail
     s, names = d.stats, d.names
@@ -187,17 +262,31 @@ def dynamics_row(g: GapEvidence, verdict: str) -> dict:
     H = len(d.per_horizon_ratio)
     q = max(1, H // 4)
     ac_c, ac_r = d.ac1_checked[w], d.ac1_real[w]
+    colour_fires = s.dynamics_evidence >= 1.0
     text = (
         f"after {', '.join(d.applied) or 'no correction'}, one-step residuals of {names[w]} are {s.ratio[w]:.2f}x "
         f"reality's and {'more' if ac_c > ac_r else 'less'} coloured (lag-1 autocorrelation {ac_c:.2f} vs real {ac_r:.2f})"
         + (
             ": an error that persists from step to step is physics, not sensor noise"
-            if g.fires
+            if colour_fires
             else ": not both significantly"
         )
         + f"; open-loop error vs reality's: x{d.per_horizon_ratio[:q].mean():.2g} over horizon steps 1-{q}, "
         f"x{d.per_horizon_ratio[H // 2 :].mean():.2g} over {H // 2 + 1}-{H}"
     )
+    bias = None
+    if d.bias is not None:
+        cells = bias_cells_report(d.bias)
+        bias_fires = d.bias.test.evidence >= 1.0
+        sentence = bias_sentence(d.bias, cells, bias_fires)
+        text = (sentence + "; " + text) if bias_fires else (text + "; " + sentence)
+        bias = {
+            "evidence": r4(d.bias.test.evidence),
+            "null": d.bias.test.null,
+            "p_value": r4(d.bias.test.p_value),
+            "threshold": r4(float(np.min(d.bias.test.threshold))) if len(d.bias.test.threshold) else None,
+            "cells": cells,
+        }
     estimate = {
         "channel": names[w],
         "residual_ratio": float(s.ratio[w]),
@@ -206,6 +295,8 @@ def dynamics_row(g: GapEvidence, verdict: str) -> dict:
         "per_channel_ratio": {names[i]: round(float(d.per_channel_ratio[i]), 3) for i in range(len(names))},
         "after_corrections": list(d.applied),
         "per_horizon_ratio": rlist(d.per_horizon_ratio),
+        "colour_evidence": r4(s.dynamics_evidence),
+        "bias": bias,
     }
     return _row(g, verdict, estimate, None, text)
 

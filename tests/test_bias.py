@@ -1,0 +1,125 @@
+"""The two-sided open-loop bias test (checks/bias.py) on synthetic block errors with a known truth.
+
+Blocks of one episode share an episode effect (as real episodes share weather or operators), so a
+test that treats blocks as independent over-rejects; the test must hold its level with episodes as
+the units, find a bias confined to one operating regime (the one a deterministic simulator has),
+find one whose sign changes between regimes (a wrong power curve: too much at low wind, too little
+at high wind, zero on average), and give intervals that cover the true bias.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from wmcheck.checks.bias import bias_cells, bias_test, cell_layout, regime_edges
+
+H, D = 48, 3
+
+
+def _episodes(rng, n_ep: int, blocks: int = 3, ep_sd: float = 0.5, bias=None):
+    """Block errors (n, H, D), their episodes (n,) and one control (n, H, 1) uniform in [-1, 1];
+    `bias(control) -> (..., D)` is added to the errors (the checked simulator's systematic error)."""
+    err, groups, ctrl = [], [], []
+    for e in range(n_ep):
+        effect = rng.normal(0, ep_sd, D)
+        for _ in range(blocks):
+            c = rng.uniform(-1, 1, (H, 1))
+            x = effect + rng.normal(0, 1, (H, D))
+            if bias is not None:
+                x = x + bias(c)
+            err.append(x)
+            groups.append(e)
+            ctrl.append(c)
+    return np.array(err), np.array(groups), np.array(ctrl)
+
+
+def _run(rng, n_checked: int, bias=None, level: float = 0.1, ep_sd: float = 0.5, n_real: int = 16):
+    real, rg, rc = _episodes(rng, n_real, ep_sd=ep_sd)
+    edges = regime_edges(rc)
+    x, g, c = _episodes(rng, n_checked, ep_sd=ep_sd, bias=bias)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        test = bias_test(bias_cells(x, c, edges), g, bias_cells(real, rc, edges), rg, level, rng, permutations=499)
+    return test, cell_layout(D, edges)
+
+
+@pytest.mark.parametrize("n_checked", [8, 24])
+def test_the_level_holds_with_episodes_as_the_units(n_checked):
+    """Under no gap the permutation null keeps the false-alarm rate at the level; with a strong episode
+    effect (ep_sd 1 against unit step noise, 3 blocks per episode) a block-level test would not."""
+    rng = np.random.default_rng(n_checked)
+    reps, level = 300, 0.1
+    fires = sum(_run(rng, n_checked, level=level, ep_sd=1.0)[0].evidence >= 1 for _ in range(reps))
+    rate = fires / reps
+    sd = (level * (1 - level) / reps) ** 0.5
+    assert level - 4 * sd <= rate <= level + 3 * sd, rate
+
+
+def test_one_checked_episode_uses_bonferroni_and_stays_below_the_level():
+    rng = np.random.default_rng(1)
+    reps, level = 200, 0.1
+    results = [_run(rng, 1, level=level)[0] for _ in range(reps)]
+    assert all(t.null == "bonferroni" for t in results)
+    rate = sum(t.evidence >= 1 for t in results) / reps
+    assert rate <= level + 3 * (level * (1 - level) / reps) ** 0.5, rate
+
+
+def test_a_bias_confined_to_one_regime_is_found_there_with_its_sign():
+    """+1 (in step-noise units) where the control exceeds 0.5, nothing elsewhere: found in most
+    checks, and the significant regime cells lie above 0.5 with a positive sign."""
+    rng = np.random.default_rng(2)
+    found, placed = 0, 0
+    for _ in range(40):
+        test, cells = _run(rng, 8, bias=lambda c: 1.0 * (c > 0.5) * np.array([1.0, 0.0, 0.0]), level=0.05, ep_sd=0.3)
+        if test.evidence < 1:
+            continue
+        found += 1
+        sig = [(cells[i], test.t[i]) for i in np.flatnonzero(test.significant) if cells[i].control is not None]
+        placed += bool(sig) and all(c.channel == 0 and c.lo >= 0.4 and t > 0 for c, t in sig)
+    assert found >= 36, found
+    assert placed >= 0.9 * found, (placed, found)
+
+
+def test_a_bias_whose_sign_changes_between_regimes_is_found_although_it_averages_to_zero():
+    """+1 at low control values, -1 at high ones (a wrong power curve): the overall cell sees
+    nothing, the regime cells do, with both signs."""
+    rng = np.random.default_rng(3)
+    found, both_signs, overall = 0, 0, 0
+    for _ in range(30):
+        test, cells = _run(rng, 8, bias=lambda c: 1.0 * np.sign(-c) * np.array([0.0, 1.0, 0.0]), level=0.05, ep_sd=0.3)
+        found += test.evidence >= 1
+        sig = [test.t[i] for i in np.flatnonzero(test.significant) if cells[i].control is not None]
+        both_signs += any(t > 0 for t in sig) and any(t < 0 for t in sig)
+        overall += bool(test.significant[1])  # channel 1's overall cell
+    assert found >= 27 and both_signs >= 24, (found, both_signs)
+    assert overall <= 3, overall
+
+
+def test_the_interval_covers_the_true_bias():
+    """A uniform bias of -0.3 on channel 2: the Welch 95 % interval of the overall cell covers it in
+    about 95 % of checks, and the estimate is unbiased."""
+    rng = np.random.default_rng(4)
+    covered, estimates = 0, []
+    for _ in range(100):
+        test, _ = _run(rng, 10, bias=lambda c: np.array([0.0, 0.0, -0.3]), level=0.05)
+        lo, hi = test.interval()[2]
+        covered += lo <= -0.3 <= hi
+        estimates.append(test.difference[2])
+    assert covered >= 88, covered
+    assert abs(np.mean(estimates) + 0.3) < 0.05, np.mean(estimates)
+
+
+def test_cells_need_enough_steps_in_a_regime():
+    rng = np.random.default_rng(5)
+    err = rng.normal(size=(2, H, D))
+    ctrl = np.full((2, H, 1), -0.9)
+    ctrl[1, :2, 0] = 0.9  # block 1 has only 2 steps in the top bin
+    edges = [np.array([-1.0, 0.0, 1.0])]
+    cells = bias_cells(err, ctrl, edges, min_steps=3)
+    assert cells.shape == (2, D * 3)
+    assert np.allclose(cells[:, :D], err.mean(1), atol=1e-6)  # the overall cell
+    assert np.isnan(cells[:, 2 * D :]).all()  # nobody has 3 steps above 0
+    assert np.allclose(cells[1, D : 2 * D], err[1, 2:].mean(0), atol=1e-6)
