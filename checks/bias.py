@@ -26,6 +26,13 @@ Bonferroni Welch critical value instead. `evidence` = statistic / threshold (>= 
 the level); a cell is significant when its |t| reaches the threshold (single-step max-t, so the
 family-wise error over cells is controlled).
 
+Paired. When every checked block replays the logged inputs of a held-out real block (a plant
+simulator driven by the logged weather: check._real_twins), each block is compared with its twin:
+the cell differences (checked - twin) are averaged per episode, each cell gets the one-sample t of
+those episode means, and the null of the max |t| flips the signs of whole episodes (under no gap a
+difference is as likely negative as positive); Bonferroni one-sample t where too few sign patterns
+exist. What the checked and the real episode share (the week's wind) then cancels.
+
 Estimates: the difference of means (checked - real) per cell in physical units with its Welch 95 %
 interval, and relative to the model's predicted level of the channel in the cell (the integral of
 the channel over the imagined steps, in %; not given where the level is near zero).
@@ -157,6 +164,7 @@ class BiasTest:
     boot: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (reps,) evidence on checked-episode resamples
     checked_episodes: int = 0
     real_episodes: int = 0
+    paired: bool = False  # each checked block against its real twin (sign-flip null)
 
     @property
     def significant(self) -> np.ndarray:
@@ -201,30 +209,87 @@ def bias_test(
         wx = np.zeros((permutations, ex + ey))
         np.put_along_axis(wx, perm[:, :ex], 1.0, 1)
         tp, _, _ = welch(_Moments.of(wx, pooled), _Moments.of(1.0 - wx, pooled))
-        null_max = np.sort(np.abs(tp).max(1))  # (P,)
-        # fire iff p = (1 + #{null >= stat}) / (P + 1) <= level, i.e. at most k - 1 null values reach
-        # the statistic: the threshold is the k-th largest null value but one
-        k = int(math.floor(level * (permutations + 1)))
-        thr = float(null_max[permutations - k + 1]) if 2 <= k <= permutations else float("inf")
-        thr = max(thr, 1e-12)
-        threshold = np.full(C, thr)
+        null_max = np.abs(tp).max(1)  # (P,)
+        threshold = np.full(C, _max_t_threshold(null_max, level))
         p_value = float((1 + np.sum(null_max >= stat)) / (permutations + 1))
         null = "permutation"
     else:
-        crit = [t_isf(level / (2 * C), d) if np.isfinite(d) and d > 0 else np.inf for d in df]
-        threshold = np.asarray(crit, float)
-        null = "bonferroni"
-    ratio = np.where(np.isfinite(threshold), np.abs(t) / threshold, 0.0)
-    evidence = float(ratio.max()) if C else 0.0
+        threshold, null = _bonferroni(df, level), "bonferroni"
+    ratio = _ratio(t, threshold)
     boot = np.zeros(0)
     if boot_idx:
-        groups = np.asarray(checked_groups)
-        labels, inv = np.unique(groups, return_inverse=True)
-        sizes = np.bincount(inv, minlength=len(labels))
-        w = np.stack([np.bincount(inv[idx], minlength=len(labels)) / sizes for idx in boot_idx])  # (R, Ex)
-        tb, _, _ = welch(_Moments.of(w, mx), _Moments.of(ones_y, my))
-        boot = np.where(np.isfinite(threshold), np.abs(tb) / threshold, 0.0).max(1)
-    return BiasTest(t, diff, se, df, threshold, evidence, null, p_value, boot, ex, ey)
+        tb, _, _ = welch(_Moments.of(_boot_weights(checked_groups, boot_idx), mx), _Moments.of(ones_y, my))
+        boot = _ratio(tb, threshold).max(1)
+    return BiasTest(t, diff, se, df, threshold, float(ratio.max()) if C else 0.0, null, p_value, boot, ex, ey)
+
+
+def one_sample(m: _Moments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One-sample t of episode means against 0 per row and cell, its standard error and n - 1 df;
+    t = 0 where fewer than 2 episodes have the cell."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = np.sqrt(m.var() / m.n)
+        t = m.mean() / se
+    ok = (m.n >= 2) & (se > 0) & np.isfinite(t)
+    return np.where(ok, t, 0.0), np.where(ok, se, np.nan), np.where(ok, m.n - 1, np.nan)
+
+
+def _max_t_threshold(null_max: np.ndarray, level: float) -> float:
+    """The |t| the observed max must reach: fire iff p = (1 + #{null >= stat}) / (P + 1) <= level,
+    i.e. at most k - 1 null values reach the statistic (the k-th largest null value but one)."""
+    null_max = np.sort(null_max)
+    P = len(null_max)
+    k = int(math.floor(level * (P + 1)))
+    return max(float(null_max[P - k + 1]), 1e-12) if 2 <= k <= P else float("inf")
+
+
+def _bonferroni(df: np.ndarray, level: float) -> np.ndarray:
+    C = len(df)
+    return np.asarray([t_isf(level / (2 * C), d) if np.isfinite(d) and d > 0 else np.inf for d in df], float)
+
+
+def _boot_weights(groups: np.ndarray, boot_idx) -> np.ndarray:
+    """(R, E) how many times each episode (sorted order) is drawn in each block resample."""
+    labels, inv = np.unique(np.asarray(groups), return_inverse=True)
+    sizes = np.bincount(inv, minlength=len(labels))
+    return np.stack([np.bincount(inv[idx], minlength=len(labels)) / sizes for idx in boot_idx])
+
+
+def _ratio(t: np.ndarray, threshold: np.ndarray) -> np.ndarray:
+    return np.where(np.isfinite(threshold), np.abs(t) / threshold, 0.0)
+
+
+def paired_bias_test(
+    diff_cells: np.ndarray,
+    groups: np.ndarray,
+    level: float,
+    rng: np.random.Generator,
+    boot_idx=None,
+    permutations: int = PERMUTATIONS,
+) -> BiasTest:
+    """The paired test of the module docstring on (n, C) cell differences checked - twin."""
+    m = episode_cell_means(diff_cells, groups)  # (E, C)
+    E, C = m.shape
+    t, se, df = (a[0] for a in one_sample(_Moments.of(np.ones((1, E)), m)))
+    diff = _Moments.of(np.ones((1, E)), m).mean()[0]
+    stat = float(np.max(np.abs(t))) if C else 0.0
+    p_value = None
+    if E and 2.0**E >= 2.0 / level and permutations > 0:
+        signs = rng.choice([-1.0, 1.0], size=(permutations, E))
+        v = np.isfinite(m)
+        m0 = np.where(v, m, 0.0)
+        flipped = _Moments(np.ones((permutations, E)) @ v, signs @ m0, np.ones((permutations, E)) @ (m0**2))
+        null_max = np.abs(one_sample(flipped)[0]).max(1)
+        threshold = np.full(C, _max_t_threshold(null_max, level))
+        p_value = float((1 + np.sum(null_max >= stat)) / (permutations + 1))
+        null = "sign-flip"
+    else:
+        threshold, null = _bonferroni(df, level), "bonferroni"
+    ratio = _ratio(t, threshold)
+    boot = np.zeros(0)
+    if boot_idx:
+        tb = one_sample(_Moments.of(_boot_weights(groups, boot_idx), m))[0]
+        boot = _ratio(tb, threshold).max(1)
+    return BiasTest(t, diff, se, df, threshold, float(ratio.max()) if C else 0.0, null, p_value, boot, E, E, True)
 
 
 def predicted_level(pred_mean: np.ndarray, controls: np.ndarray | None, edges: list[np.ndarray]) -> np.ndarray:

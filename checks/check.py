@@ -144,6 +144,7 @@ def run_check(
             seed,
             inp.meta.dt,
             {**inp.bundle.channels.get("units", {}), **(inp.meta.units or {})},
+            twin,
         )
     )
     corrected = div if gt.corrected_scores is sc else _divergence(inp, gt.corrected_scores, comp.competent, twin)

@@ -21,7 +21,7 @@ POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
 """Field practice before hardware time: >= 1,000 simulator episodes across the task distribution,
 simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "ending", "distribution")
-POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias")
+POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias", "obs_scale", "smoothing")
 """The gap types the power table injects (power.POWER_SIZES), which a pass needs power on."""
 DYNAMICS_GAPS = ("latency", "actuator", "sensor_noise", "dynamics")
 """The attribution's gap tests through the model; each one found present fails a check."""
@@ -227,8 +227,8 @@ class Gate:
                         fails), visual: {max_distance_ratio, max_clip_distance}
     allow_unverifiable: let unverifiable episodes pass (exit 0) — the report still says so
     require_power:      the gap types a pass needs power on (default: every type of the power table
-                        that applies: latency, actuator (with command channels), sensor_noise,
-                        sensor_bias); a run that finds nothing but could not have seen a required
+                        that applies: latency (with command or input channels), actuator (with
+                        command channels), sensor_noise, sensor_bias, obs_scale, smoothing); a run that finds nothing but could not have seen a required
                         type is `inconclusive` (exit 3). Listing fewer accepts a partial pass.
     policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`):
                         a policy check with fewer simulator episodes or a lower simulator success

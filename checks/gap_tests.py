@@ -55,6 +55,7 @@ class GapContext:
     seed: int = 0
     dt: float | None = None
     units: dict = field(default_factory=dict)  # channel name -> unit (the report's estimates)
+    twin: np.ndarray | None = None  # (n,) each block's real twin (check._real_twins) or -1
 
 
 @dataclass
@@ -275,15 +276,13 @@ def bias_detail(ctx: GapContext, sc: BlockScores, controls: np.ndarray, boot_idx
         return None
     edges = ob.regime_edges(cal.real_controls)
     ctrl = controls[idx]
-    test = ob.bias_test(
-        ob.bias_cells(sc.err_steps[idx], ctrl, edges),
-        ctx.blocks.episode[idx],
-        ob.bias_cells(cal.real.err_steps, cal.real_controls, edges),
-        cal.real_episode,
-        level,
-        ctx.rng,
-        boot_idx,
-    )
+    checked = ob.bias_cells(sc.err_steps[idx], ctrl, edges)  # (k, C)
+    real = ob.bias_cells(cal.real.err_steps, cal.real_controls, edges)  # (m, C)
+    twin = None if ctx.twin is None else ctx.twin[idx]
+    if twin is not None and len(twin) and (twin >= 0).all():  # every block replays a real block's inputs
+        test = ob.paired_bias_test(checked - real[twin], ctx.blocks.episode[idx], level, ctx.rng, boot_idx)
+    else:
+        test = ob.bias_test(checked, ctx.blocks.episode[idx], real, cal.real_episode, level, ctx.rng, boot_idx)
     cells = ob.cell_layout(sc.err_steps.shape[-1], edges)
     std, mean = norm.std["obs"].astype(float), norm.mean["obs"].astype(float)
     ch = np.array([c.channel for c in cells])

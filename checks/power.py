@@ -24,7 +24,13 @@ from wmcheck.checks.blocks import block_controls, make_blocks
 from wmcheck.checks.config import POWER_GAPS, SCORES, CheckConfig, split_alpha
 from wmcheck.checks.evidence import CheckEvidence, GapEvidence
 from wmcheck.checks.scoring import BlockScores, score_blocks
-from wmcheck.checks.transforms import actuator, observation_noise, shift_drivers
+from wmcheck.checks.transforms import (
+    actuator,
+    observation_noise,
+    observation_scale,
+    observation_smoothing,
+    shift_drivers,
+)
 from wmcheck.datasets.normalize import Normalizer
 
 if TYPE_CHECKING:
@@ -35,9 +41,18 @@ POWER_SIZES = {
     "actuator": (1.1, 1.25, 1.5, 2.0),  # gain on every command channel
     "sensor_noise": (0.05, 0.1, 0.25, 0.5),  # Gaussian noise, x each channel's training std
     "sensor_bias": (0.1, 0.25, 0.5, 1.0),  # bias, x each channel's training std
+    "obs_scale": (1.02, 1.05, 1.1, 1.25),  # every observation x size: a proportional bias (fuel 10 % high)
+    "smoothing": (3, 5, 9, 17),  # centred moving average over size steps: a simulator cleaner than reality
 }
 assert tuple(POWER_SIZES) == POWER_GAPS, "config.POWER_GAPS names the power table's gap types"
-POWER_UNITS = {"latency": "steps", "actuator": "gain", "sensor_noise": "x channel std", "sensor_bias": "x channel std"}
+POWER_UNITS = {
+    "latency": "steps",
+    "actuator": "gain",
+    "sensor_noise": "x channel std",
+    "sensor_bias": "x channel std",
+    "obs_scale": "x observation",
+    "smoothing": "steps (moving average)",
+}
 
 
 POWER_PERMUTATIONS = 999  # the bias test's permutations per draw (bias.PERMUTATIONS in a check)
@@ -342,6 +357,10 @@ def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator
         for c in range(norm.dim("action")):
             out = [actuator(e, c, gain=1.0 / float(size)) for e in out]
         return out
+    if gap == "obs_scale":
+        return [observation_scale(e, float(size)) for e in episodes]
+    if gap == "smoothing":
+        return [observation_smoothing(e, int(size)) for e in episodes]
     std = norm.std["obs"].astype(float)
     if gap == "sensor_noise":
         return [observation_noise(e, std=size * std, rng=rng) for e in episodes]

@@ -31,8 +31,8 @@ NEXT_STEPS = {
 
 
 def r4(x) -> float | None:
-    """Four significant digits; None for None / NaN (JSON has no NaN)."""
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(f"{x:.4g}")
+    """Four significant digits; None for None, NaN and infinities (JSON has none of them)."""
+    return None if x is None or not math.isfinite(float(x)) else float(f"{x:.4g}")
 
 
 def rlist(a) -> list:
@@ -185,6 +185,12 @@ def _unit(units: dict, name: str) -> str:
     return f" {u}" if u else ""
 
 
+def _finite_min(a: np.ndarray) -> float | None:
+    a = np.asarray(a, float)
+    a = a[np.isfinite(a)]
+    return r4(float(a.min())) if len(a) else None
+
+
 def bias_cells_report(b) -> list[dict]:
     """The open-loop bias per cell in physical units (gap_tests.BiasDetail): every channel's overall
     cell and every significant regime cell, strongest first."""
@@ -228,12 +234,12 @@ def bias_sentence(b, cells: list[dict], fires: bool) -> str:
     """The open-loop bias in words: where the checked data sit above or below reality."""
     t = b.test
     sig = [c for c in cells if c["significant"]]
-    null = (
-        f"max |t| over {len(b.cells)} channel x regime cells, null by permuting {t.checked_episodes} checked and "
-        f"{t.real_episodes} real episodes"
-        if t.null == "permutation"
-        else f"Welch t per cell, Bonferroni over {len(b.cells)} cells"
-    )
+    null = {
+        "permutation": f"max |t| over {len(b.cells)} channel x regime cells, null by permuting "
+        f"{t.checked_episodes} checked and {t.real_episodes} real episodes",
+        "sign-flip": f"each block against the real block whose logged inputs it replays; max |t| over "
+        f"{len(b.cells)} channel x regime cells, null by flipping the signs of {t.checked_episodes} episodes",
+    }.get(t.null, f"{'paired' if t.paired else 'Welch'} t per cell, Bonferroni over {len(b.cells)} cells")
     if not sig:
         return f"open-loop bias: none significant (evidence {t.evidence:.2f}; {null})"
     parts = []
@@ -283,8 +289,9 @@ def dynamics_row(g: GapEvidence, verdict: str) -> dict:
         bias = {
             "evidence": r4(d.bias.test.evidence),
             "null": d.bias.test.null,
+            "paired": d.bias.test.paired,
             "p_value": r4(d.bias.test.p_value),
-            "threshold": r4(float(np.min(d.bias.test.threshold))) if len(d.bias.test.threshold) else None,
+            "threshold": _finite_min(d.bias.test.threshold),
             "cells": cells,
         }
     estimate = {

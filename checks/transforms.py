@@ -10,6 +10,9 @@ Owns pure functions Episode -> Episode (raw units; nothing here knows the model)
   actuator(ep, c, ...)      commands of channel c through gain / offset / deadband
   actuator_correction(...)  one of those factors by name (what the attribution searches try)
   observation_noise(...)    add Gaussian noise or a bias to observation channels
+  observation_scale(ep, f)  observations x f (a proportional bias: fuel use 10 % too high)
+  observation_smoothing(ep, w)  centred moving average over w steps (a simulator cleaner than
+                            reality: noise removed, with some of the fast dynamics)
 """
 
 from __future__ import annotations
@@ -76,3 +79,24 @@ def observation_noise(
         rng = rng or np.random.default_rng(0)
         obs += rng.normal(size=obs.shape) * np.asarray(std, float)[None, :]
     return _replace(ep, observations=obs.astype(np.float32))
+
+
+def observation_scale(ep: Episode, factor: float) -> Episode:
+    """Every observation channel x `factor` (a proportional bias of factor - 1)."""
+    obs = ep.observations.astype(np.float64) * float(factor)
+    return _replace(ep, observations=obs.astype(np.float32))
+
+
+def observation_smoothing(ep: Episode, window: int) -> Episode:
+    """Centred moving average of the observations over `window` steps (the window shrinks at the
+    episode's ends, so the average never reads outside it)."""
+    w = int(window)
+    if w <= 1:
+        return ep
+    obs = ep.observations.astype(np.float64)  # (N+1, D)
+    half = w // 2
+    csum = np.concatenate([np.zeros((1, obs.shape[1])), np.cumsum(obs, 0)])  # (N+2, D)
+    t = np.arange(len(obs))
+    lo, hi = np.maximum(t - half, 0), np.minimum(t + half + 1, len(obs))
+    out = (csum[hi] - csum[lo]) / (hi - lo)[:, None]
+    return _replace(ep, observations=out.astype(np.float32))
