@@ -102,6 +102,64 @@ def twin_truth(sim_eps, real_eps, names: dict[str, int], ranges, reps: int = 400
     return out
 
 
+def twin_mean_truth(sim_eps, real_eps, names: dict[str, int], lo, hi, reps: int = 400, seed: int = 0) -> dict:
+    """Mean over weeks of each week's mean (simulator - real twin) power on the steps with wind in
+    [lo, hi) (all steps when lo is None), with a week-bootstrap 95 % interval: the truth the bias
+    test's estimate (a difference of episode means) is compared with."""
+    rng = np.random.default_rng(seed)
+    per_ep = []
+    for s, r in zip(sim_eps, real_eps):
+        d = s.observations[1:, 0] - r.observations[1:, 0]
+        if lo is not None:
+            v = r.input_array()[:, names["Ws_avg"]]
+            d = d[(v >= lo) & (v < hi)]
+        if len(d) >= 3:
+            per_ep.append(float(d.mean()))
+    if len(per_ep) < 2:
+        return {"mean": None, "ci": [None, None], "weeks": len(per_ep)}
+    x = np.asarray(per_ep)
+    boots = x[rng.integers(0, len(x), (reps, len(x)))].mean(1)
+    return {
+        "mean": float(x.mean()),
+        "ci": [float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))],
+        "weeks": len(x),
+    }
+
+
+def compare_bias(report: dict, sim_eps, real_eps, names: dict[str, int]) -> dict:
+    """The dynamics row's open-loop bias cells of P_avg (overall and significant Ws_avg regimes)
+    against the measured twin truth in the same cell."""
+    est = (report["gaps"].get("dynamics") or {}).get("estimate") or {}
+    cells = (est.get("bias") or {}).get("cells") or []
+    rows = []
+    for c in cells:
+        w = c["where"]
+        if c["channel"] != "P_avg" or (w is not None and (w["control"] != "Ws_avg" or not c["significant"])):
+            continue
+        lo, hi = (None, None) if w is None else w["range"]
+        t = twin_mean_truth(sim_eps, real_eps, names, lo, hi)
+        ok = t["mean"] is not None and None not in c["ci95"]
+        rows.append(
+            {
+                "range": None if w is None else [lo, hi],
+                "significant": c["significant"],
+                "estimate": c["difference"],
+                "ci": c["ci95"],
+                "relative": c["relative"],
+                "truth": t["mean"],
+                "truth_ci": t["ci"],
+                "covered": bool(ok and c["ci95"][0] <= t["mean"] <= c["ci95"][1]),
+            }
+        )
+    regimes = [r for r in rows if r["range"] is not None]
+    return {
+        "cells": rows,
+        "paired": (est.get("bias") or {}).get("paired"),
+        "significant_regime_cells": len(regimes),
+        "coverage_significant": (sum(r["covered"] for r in regimes) / len(regimes)) if regimes else None,
+    }
+
+
 def compare(report: dict, truth: list[dict]) -> dict:
     """wmcheck's per-bin estimates (Ws_avg regime bins) against the measured twin truth."""
     ch = next(c for c in report["regimes"]["channels"] if c["name"] == "Ws_avg")
@@ -213,6 +271,7 @@ def run(args) -> dict:
                 )
             ),
             "comparison": compare(report, truth),
+            "bias": compare_bias(report, sims[name], held, names),
         }
     units = {}
     for turbine, weeks in sorted(by_turbine.items()):
@@ -271,6 +330,26 @@ def markdown(res: dict, info: dict) -> str:
                 f"{'yes' if b['covered'] else 'no'} / {'yes' if b['covered_after_model_error'] else 'no'} |"
             )
         lines.append("")
+        bias = m.get("bias") or {}
+        if bias.get("cells"):
+            lines += [
+                f"Open-loop bias test ({'paired with the twin weeks' if bias.get('paired') else 'unpaired'}; "
+                f"dynamics row): {bias['significant_regime_cells']} significant wind cells, "
+                f"{_pct(bias['coverage_significant'])} of their 95 % intervals cover the measured mean "
+                "(simulator - twin).",
+                "",
+                "| wind (m/s) | significant | truth: mean sim - twin (kW) [95% CI] | estimate (kW) [95% CI] | relative | covered |",
+                "|---|---|---|---|---|---|",
+            ]
+            for b in bias["cells"]:
+                where = "all steps" if b["range"] is None else f"{b['range'][0]:.3g}-{b['range'][1]:.3g}"
+                rel = "–" if b["relative"] is None else f"{b['relative']:+.0%}"
+                lines.append(
+                    f"| {where} | {'yes' if b['significant'] else 'no'} | {_kw(b['truth'])} [{_kw(b['truth_ci'][0])}, "
+                    f"{_kw(b['truth_ci'][1])}] | {_kw(b['estimate'])} [{_kw(b['ci'][0])}, {_kw(b['ci'][1])}] | {rel} | "
+                    f"{'yes' if b['covered'] else 'no'} |"
+                )
+            lines.append("")
     lines += ["## Unit to unit (other turbines' real weeks against this model)", ""]
     for t, u in res["unit_to_unit"].items():
         lines.append(
