@@ -19,8 +19,9 @@ NEXT_STEPS = {
     "latency": "add the estimated action delay to the simulator's control loop (or model the measured loop timing) and re-check",
     "actuator": "calibrate the simulated actuator: apply the estimated gain / offset / deadband to the commands, then re-check",
     "sensor_noise": "match the simulated sensor model to the real residuals: noise level, bias, drift; re-check",
-    "dynamics": "revisit the simulator's physics (friction, damping, mass, contact) on the channels and horizons listed; "
-    "system-identify them from the real logs",
+    "dynamics": "revisit the simulator's physics (friction, damping, mass, contact, efficiency or power curves) on the "
+    "channels, operating regimes and horizons listed: the open-loop bias says where the simulator sits above or below "
+    "reality and by how much; system-identify those parameters from the real logs",
     "distribution": "collect real logs in the states the checked episodes visit, or restrict the task / initial-state "
     "distribution to what the logs cover",
     "ending": "compare the simulator's termination conditions (limits, safety cut-offs, failure thresholds) with the "

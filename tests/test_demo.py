@@ -59,6 +59,12 @@ def test_wind_demo_runs_end_to_end(tmp_path):
     # twin and the pooled test is paired; the policy's yaw changes the vane angle, so it has none
     assert reports[0]["summary"]["pooled_test"].startswith("paired"), reports[0]["summary"]["pooled_test"]
     assert reports[1]["summary"]["pooled_test"].startswith("unpaired"), reports[1]["summary"]["pooled_test"]
+    # and so is the open-loop bias test of the dynamics row, whose cells are in the channel's units
+    bias = [r["gaps"]["dynamics"]["estimate"]["bias"] for r in reports]
+    assert bias[0]["paired"] is True and bias[1]["paired"] is False, bias
+    overall = [c for c in bias[0]["cells"] if c["where"] is None]
+    assert sorted(c["channel"] for c in overall) == sorted(c["name"] for c in reports[0]["channels"]), overall
+    assert all(c["ci95"][0] <= c["difference"] <= c["ci95"][1] for c in overall), overall
     codes = [r["exit_code"] for r in reports]
     assert proc.returncode == (1 if 1 in codes else 3 if 3 in codes else 0)  # a failure wins over inconclusive
     assert f"tensorboard --logdir {out}" in proc.stdout
