@@ -196,13 +196,11 @@ def bias_test(
     mx = episode_cell_means(checked_cells, checked_groups)  # (Ex, C)
     my = episode_cell_means(real_cells, real_groups)  # (Ey, C)
     ex, ey = len(mx), len(my)
-    C = mx.shape[1]
     ones_x, ones_y = np.ones((1, ex)), np.ones((1, ey))
     obs_x, obs_y = _Moments.of(ones_x, mx), _Moments.of(ones_y, my)
     t, se, df = (a[0] for a in welch(obs_x, obs_y))
     diff = (obs_x.mean() - obs_y.mean())[0]  # (C,) NaN where a side has no episode in the cell
-    stat = float(np.max(np.abs(t))) if C else 0.0
-    p_value = None
+    null_max = None
     if ex and ey and _distinct_splits(ex, ey) >= 2.0 / level and permutations > 0:
         pooled = np.concatenate([mx, my])  # (E, C)
         perm = rng.permuted(np.tile(np.arange(ex + ey), (permutations, 1)), axis=1)  # (P, E)
@@ -210,17 +208,24 @@ def bias_test(
         np.put_along_axis(wx, perm[:, :ex], 1.0, 1)
         tp, _, _ = welch(_Moments.of(wx, pooled), _Moments.of(1.0 - wx, pooled))
         null_max = np.abs(tp).max(1)  # (P,)
-        threshold = np.full(C, _max_t_threshold(null_max, level))
-        p_value = float((1 + np.sum(null_max >= stat)) / (permutations + 1))
-        null = "permutation"
-    else:
-        threshold, null = _bonferroni(df, level), "bonferroni"
-    ratio = _ratio(t, threshold)
-    boot = np.zeros(0)
+    boot_t = None
     if boot_idx:
-        tb, _, _ = welch(_Moments.of(_boot_weights(checked_groups, boot_idx), mx), _Moments.of(ones_y, my))
-        boot = _ratio(tb, threshold).max(1)
-    return BiasTest(t, diff, se, df, threshold, float(ratio.max()) if C else 0.0, null, p_value, boot, ex, ey)
+        boot_t = welch(_Moments.of(_boot_weights(checked_groups, boot_idx), mx), _Moments.of(ones_y, my))[0]
+    return _result(t, diff, se, df, level, null_max, "permutation", boot_t, ex, ey, False)
+
+
+def _result(t, diff, se, df, level, null_max, null_name, boot_t, ex, ey, paired) -> BiasTest:
+    """The max-|t| decision: the null's threshold (or Bonferroni without one), evidence, bootstrap."""
+    C = len(t)
+    if null_max is not None:
+        stat = float(np.max(np.abs(t))) if C else 0.0
+        threshold = np.full(C, _max_t_threshold(null_max, level))
+        p_value, null = float((1 + np.sum(null_max >= stat)) / (len(null_max) + 1)), null_name
+    else:
+        threshold, p_value, null = _bonferroni(df, level), None, "bonferroni"
+    evidence = float(_ratio(t, threshold).max()) if C else 0.0
+    boot = np.zeros(0) if boot_t is None else _ratio(boot_t, threshold).max(1)
+    return BiasTest(t, diff, se, df, threshold, evidence, null, p_value, boot, ex, ey, paired)
 
 
 def one_sample(m: _Moments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -271,25 +276,15 @@ def paired_bias_test(
     E, C = m.shape
     t, se, df = (a[0] for a in one_sample(_Moments.of(np.ones((1, E)), m)))
     diff = _Moments.of(np.ones((1, E)), m).mean()[0]
-    stat = float(np.max(np.abs(t))) if C else 0.0
-    p_value = None
+    null_max = None
     if E and 2.0**E >= 2.0 / level and permutations > 0:
         signs = rng.choice([-1.0, 1.0], size=(permutations, E))
         v = np.isfinite(m)
         m0 = np.where(v, m, 0.0)
         flipped = _Moments(np.ones((permutations, E)) @ v, signs @ m0, np.ones((permutations, E)) @ (m0**2))
         null_max = np.abs(one_sample(flipped)[0]).max(1)
-        threshold = np.full(C, _max_t_threshold(null_max, level))
-        p_value = float((1 + np.sum(null_max >= stat)) / (permutations + 1))
-        null = "sign-flip"
-    else:
-        threshold, null = _bonferroni(df, level), "bonferroni"
-    ratio = _ratio(t, threshold)
-    boot = np.zeros(0)
-    if boot_idx:
-        tb = one_sample(_Moments.of(_boot_weights(groups, boot_idx), m))[0]
-        boot = _ratio(tb, threshold).max(1)
-    return BiasTest(t, diff, se, df, threshold, float(ratio.max()) if C else 0.0, null, p_value, boot, E, E, True)
+    boot_t = one_sample(_Moments.of(_boot_weights(groups, boot_idx), m))[0] if boot_idx else None
+    return _result(t, diff, se, df, level, null_max, "sign-flip", boot_t, E, E, True)
 
 
 def predicted_level(pred_mean: np.ndarray, controls: np.ndarray | None, edges: list[np.ndarray]) -> np.ndarray:
