@@ -240,7 +240,13 @@ def bias_sentence(b, cells: list[dict], fires: bool) -> str:
         f"{t.checked_episodes} checked and {t.real_episodes} real episodes",
         "sign-flip": f"each block against the real block whose logged inputs it replays; max |t| over "
         f"{len(b.cells)} channel x regime cells, null by flipping the signs of {t.checked_episodes} episodes",
-    }.get(t.null, f"{'paired' if t.paired else 'Welch'} t per cell, Bonferroni over {len(b.cells)} cells")
+    }.get(
+        t.null,
+        f"{'paired' if t.paired else 'Welch'} t per cell, Bonferroni over {len(b.cells)} cells: "
+        f"{t.checked_episodes} checked and {t.real_episodes} real episodes are too few for a resampled null "
+        f"at this level, so a cell needs |t| >= {_finite_min(t.threshold) or float('inf'):.3g}; more held-out "
+        "real episodes (wmcheck calibrate --real) or more checked ones give the test power",
+    )
     if not sig:
         return f"open-loop bias: none significant (evidence {t.evidence:.2f}; {null})"
     parts = []
