@@ -116,7 +116,9 @@ def prepare(name: str, work: Path, real_episodes: int, steps: int, seed: int) ->
     return work / "run", meta, {"train_s": t_train, "calibrate_s": time.perf_counter() - t0, "train_steps": steps}
 
 
-def time_check(run: Path, meta: LogMeta, work: Path, env: str, n: int, seed: int, tensorboard: bool) -> dict:
+def time_check(
+    run: Path, meta: LogMeta, work: Path, env: str, n: int, seed: int, tensorboard: bool, tag: str = ""
+) -> dict:
     eps = record_reality(env, RealityProfile(), "hold:5", episodes=n, max_steps=200, seed=seed)
     sim = work / f"sim-{n}.h5"
     write_log(sim, eps, LogMeta(**{**meta.__dict__, "source": "sim"}))
@@ -126,7 +128,7 @@ def time_check(run: Path, meta: LogMeta, work: Path, env: str, n: int, seed: int
     with stage_timers(totals):
         report = run_check(run, sim, seed=0)
     t1 = time.perf_counter()
-    write_outputs(report, work / f"report-{n}", tensorboard=tensorboard)
+    write_outputs(report, work / f"report-{n}{tag}", tensorboard=tensorboard)
     t2 = time.perf_counter()
     totals["other"] = max((t1 - t0) - sum(totals.values()), 0.0)
     totals["report"] = totals.get("report", 0.0) + (t2 - t1)
@@ -152,7 +154,7 @@ def run(args) -> dict:
         checks = []
         for n in args.episodes:
             for rep in range(2):  # the first check of a size computes the power table, the second reads it
-                c = time_check(run_dir, meta, work, spec["env"], n, 10_000 + n, args.tensorboard)
+                c = time_check(run_dir, meta, work, spec["env"], n, 10_000 + n, args.tensorboard, f"-{rep}")
                 c["power_cached"] = rep == 1
                 checks.append(c)
                 print(
