@@ -393,6 +393,8 @@ class Smoothness:
     nll_difference: float  # mean one-step NLL, checked - real (nats per step and channel)
     evidence: float  # -min(z) over its critical value: >= 1 means significantly smoother than reality
     critical: float = 0.0  # the normal critical value at the test's level (Bonferroni over the scores)
+    kl_geo_ratio: float = float("nan")  # ratio of the episodes' mean log KL, exponentiated (what the test compares)
+    kl_geo_ratio_ci: tuple[float, float] = (float("nan"), float("nan"))  # its 95 % Welch interval
 
 
 def smoothness_evidence(checked: dict, checked_groups, real: dict, real_groups, level: float) -> Smoothness:
@@ -402,7 +404,7 @@ def smoothness_evidence(checked: dict, checked_groups, real: dict, real_groups, 
     than reality on all of them (no sensor noise, no process noise), and this is where it shows."""
     from statistics import NormalDist
 
-    from wmcheck.checks.stats import episode_t, log_pair, t_to_z
+    from wmcheck.checks.stats import episode_t, episode_welch, log_pair, t_to_z, welch_interval
 
     crit = NormalDist().inv_cdf(1 - level / len(SMOOTHNESS_SCORES))
     z = {}
@@ -413,7 +415,17 @@ def smoothness_evidence(checked: dict, checked_groups, real: dict, real_groups, 
         z[s] = t_to_z(*episode_t(x, checked_groups, y, real_groups))
     kl_ratio = float(np.mean(checked["kl"]) / max(float(np.mean(real["kl"])), 1e-12))
     nll_diff = float(np.mean(checked["nll"]) - np.mean(real["nll"]))
-    return Smoothness(z, kl_ratio, nll_diff, max(0.0, -min(z.values())) / crit, crit)
+    d_log, se, df = episode_welch(checked["kl"], checked_groups, real["kl"], real_groups, log=True)
+    lo, hi = welch_interval(d_log, se, df)
+    return Smoothness(
+        z,
+        kl_ratio,
+        nll_diff,
+        max(0.0, -min(z.values())) / crit,
+        crit,
+        float(np.exp(d_log)),
+        (float(np.exp(lo)), float(np.exp(hi))),
+    )
 
 
 @dataclass

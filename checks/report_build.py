@@ -158,8 +158,9 @@ def sensor_row(g: GapEvidence, verdict: str) -> dict:
         }
         lead = sm.evidence >= 1 and sm.evidence >= s.sensor_evidence
         part = (
-            f"surprise against reality's: KL(post || prior) {sm.kl_ratio:.2f}x the real episodes', one-step NLL "
-            f"{sm.nll_difference:+.3g} nats (smoothness z = {min(sm.z.values()):.2f}; smoother than reality "
+            f"surprise against reality's: KL(post || prior) {sm.kl_ratio:.2f}x the real episodes' "
+            f"(episode geometric means {sm.kl_geo_ratio:.2f}x, 95 % CI {sm.kl_geo_ratio_ci[0]:.2f}-"
+            f"{sm.kl_geo_ratio_ci[1]:.2f}), one-step NLL {sm.nll_difference:+.3g} nats (smoothness z = {min(sm.z.values()):.2f}; smoother than reality "
             f"below -{sm.critical:.2f})"
         )
         if lead:

@@ -276,13 +276,27 @@ def episode_t(
     statistic keeps growing with the gap (a rank test of few episodes saturates once every
     checked block is worse than every real one). `log`: compare log scores (positive,
     right-skewed statistics). Returns (t, df); (nan, nan) with fewer than 2 real episodes."""
+    diff, se, df = episode_welch(x, x_groups, y, y_groups, log)
+    if math.isnan(diff):
+        return float("nan"), float("nan")
+    if se <= 0:
+        return (math.copysign(float("inf"), diff) if diff else 0.0), df
+    return diff / se, df
+
+
+def episode_welch(
+    x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray, log: bool = False
+) -> tuple[float, float, float]:
+    """The difference of episode means (checked - real), its Welch standard error and degrees of
+    freedom, as `episode_t` uses them (one checked episode: against a new real episode). (nan, nan,
+    nan) with no checked or fewer than 2 real episodes."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     if log:
         x, y = log_pair(x, y)
     mx, my = episode_means(x, x_groups), episode_means(y, y_groups)
     kx, ky = len(mx), len(my)
     if kx == 0 or ky < 2:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     b = my.var(ddof=1) / ky
     if kx >= 2:
         a = mx.var(ddof=1) / kx
@@ -291,10 +305,15 @@ def episode_t(
         df = se2**2 / den if den > 0 else float(kx + ky - 2)
     else:
         se2, df = b * (1 + ky), float(ky - 1)  # var(my) * (1 + 1/ky)
-    diff = float(mx.mean() - my.mean())
-    if se2 <= 0:
-        return (math.copysign(float("inf"), diff) if diff else 0.0), float(df)
-    return diff / math.sqrt(se2), float(df)
+    return float(mx.mean() - my.mean()), math.sqrt(max(se2, 0.0)), float(df)
+
+
+def welch_interval(diff: float, se: float, df: float, level: float = 0.95) -> tuple[float, float]:
+    """The Student interval diff -/+ t_{df, (1 + level) / 2} se ((nan, nan) where undefined)."""
+    if any(math.isnan(v) for v in (diff, se, df)) or df <= 0:
+        return float("nan"), float("nan")
+    q = t_isf((1 - level) / 2, df)
+    return diff - q * se, diff + q * se
 
 
 def t_to_z(t: float, df: float) -> float:

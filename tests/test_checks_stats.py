@@ -224,3 +224,24 @@ def test_smoothness_finds_a_simulator_less_surprising_than_reality_and_holds_alp
     assert smoothness_evidence(noisier, ng, real, rg, 0.005).evidence == 0.0  # one-sided: smoother only
     fired = sum(smoothness_evidence(*episodes(8, 1.0, 0.0), real, rg, 0.05).evidence >= 1 for _ in range(200))
     assert fired <= 0.05 * 200 + 3 * np.sqrt(0.05 * 0.95 * 200), fired  # holds its level (binomial margin)
+
+
+def test_the_welch_interval_of_episode_means_covers_the_difference():
+    """episode_welch / welch_interval: the 95 % interval of a difference of episode means covers the
+    true difference in about 95 % of draws when blocks share an episode effect (and falls far short
+    when blocks are taken as the units)."""
+    from wmcheck.checks.stats import episode_welch, welch_interval
+
+    rng = np.random.default_rng(7)
+    covered, naive = 0, 0
+    reps = 400
+    for _ in range(reps):
+        gx, gy = np.repeat(np.arange(6), 4), np.repeat(np.arange(10), 4)
+        x = 0.3 + rng.normal(0, 1, 6)[gx] + rng.normal(0, 0.3, len(gx))
+        y = rng.normal(0, 1, 10)[gy] + rng.normal(0, 0.3, len(gy))
+        lo, hi = welch_interval(*episode_welch(x, gx, y, gy))
+        covered += lo <= 0.3 <= hi
+        lo, hi = welch_interval(*episode_welch(x, np.arange(len(gx)), y, np.arange(len(gy))))
+        naive += lo <= 0.3 <= hi
+    assert 0.91 <= covered / reps <= 0.99, covered / reps
+    assert naive / reps < 0.85, naive / reps
