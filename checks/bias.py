@@ -132,7 +132,10 @@ class _Moments:
 
 
 def welch(x: _Moments, y: _Moments, min_real: int = MIN_EPISODES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Welch's t of the checked (x) against the real (y) episode means per row and cell, its
+    """The rows-and-cells form of stats.episode_welch (the same formulas; tests/test_bias.py checks
+    that they agree), for permutations and resamples at once.
+
+    Welch's t of the checked (x) against the real (y) episode means per row and cell, its
     standard error and Welch-Satterthwaite degrees of freedom; with one checked episode its mean
     against a new real episode's (var_y (1 + 1/n_y), n_y - 1 df). t = 0 where a side has too few
     episodes."""

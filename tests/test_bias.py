@@ -150,3 +150,20 @@ def test_paired_cells_cancel_what_a_checked_block_shares_with_its_twin():
     assert all(p.null == "sign-flip" and p.paired for p, _ in found)
     null = [pair(0.0)[0].evidence >= 1 for _ in range(100)]
     assert sum(null) <= 11, sum(null)  # level 0.05: 5 expected, 11 is 3 sd above
+
+
+@pytest.mark.parametrize("n_checked", [1, 5])
+def test_the_vectorised_welch_is_the_scalar_one(n_checked):
+    """bias.welch (all cells and permutations at once) and stats.episode_welch (one comparison) are
+    one rule written twice: they must give the same t, standard error and degrees of freedom."""
+    from wmcheck.checks.bias import _Moments, episode_cell_means, welch
+    from wmcheck.checks.stats import episode_welch
+
+    rng = np.random.default_rng(9)
+    gx, gy = np.repeat(np.arange(n_checked), 3), np.repeat(np.arange(7), 3)
+    x, y = rng.normal(0.5, 1, (len(gx), 4)), rng.normal(0, 1, (len(gy), 4))
+    mx, my = episode_cell_means(x, gx), episode_cell_means(y, gy)
+    t, se, df = (a[0] for a in welch(_Moments.of(np.ones((1, len(mx))), mx), _Moments.of(np.ones((1, len(my))), my)))
+    for c in range(4):
+        d, s, f = episode_welch(x[:, c], gx, y[:, c], gy)
+        assert np.isclose(t[c], d / s) and np.isclose(se[c], s) and np.isclose(df[c], f), (c, t[c], d / s, df[c], f)
