@@ -70,6 +70,15 @@ def regime_edges(real_controls: np.ndarray | None, bins: int = BINS) -> list[np.
     return [quantile_edges(real_controls[..., k].ravel(), bins) for k in range(real_controls.shape[-1])]
 
 
+def calibration_cells(cal) -> tuple[list[np.ndarray], np.ndarray] | None:
+    """The regime edges and the held-out real blocks' cells (m, C) of a calibration
+    (calibration.Calibration); None when it has no per-step errors or controls."""
+    if cal.real.err_steps.ndim != 3 or cal.real_controls is None:
+        return None
+    edges = regime_edges(cal.real_controls)
+    return edges, bias_cells(cal.real.err_steps, cal.real_controls, edges)
+
+
 def cell_layout(n_obs: int, edges: list[np.ndarray]) -> list[Cell]:
     cells = [Cell(d) for d in range(n_obs)]
     for k, e in enumerate(edges):

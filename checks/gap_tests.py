@@ -272,12 +272,12 @@ def bias_detail(ctx: GapContext, sc: BlockScores, controls: np.ndarray, boot_idx
     """The open-loop bias test of the competent blocks against the held-out real blocks (bias.py);
     None when the calibration has no per-step errors."""
     cal, idx, norm = ctx.cal, ctx.comp_idx, ctx.norm
-    if cal.real.err_steps.ndim != 3 or sc.err_steps.ndim != 3:
+    reference = ob.calibration_cells(cal)
+    if reference is None or sc.err_steps.ndim != 3:
         return None
-    edges = ob.regime_edges(cal.real_controls)
+    edges, real = reference  # real: (m, C)
     ctrl = controls[idx]
     checked = ob.bias_cells(sc.err_steps[idx], ctrl, edges)  # (k, C)
-    real = ob.bias_cells(cal.real.err_steps, cal.real_controls, edges)  # (m, C)
     twin = None if ctx.twin is None else ctx.twin[idx]
     if twin is not None and len(twin) and (twin >= 0).all():  # every block replays a real block's inputs
         test = ob.paired_bias_test(checked - real[twin], ctx.blocks.episode[idx], level, ctx.rng, boot_idx)

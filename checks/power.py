@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wmcheck.checks.attribution import allowed_corrections, identity_index, search_matrices
-from wmcheck.checks.bias import bias_cells, bias_test, regime_edges
+from wmcheck.checks.bias import bias_cells, bias_test, calibration_cells, regime_edges
 from wmcheck.checks.blocks import block_controls, make_blocks
 from wmcheck.checks.config import POWER_GAPS, SCORES, CheckConfig, split_alpha
 from wmcheck.checks.evidence import CheckEvidence, GapEvidence
@@ -241,9 +241,8 @@ class _PowerJudge:
         a_gap = split_alpha(alpha)[1]
         self.has_search = search.latency.size > 0
         self.thr_latency, self.thr_gain = None, None
-        self.real_cells = None  # (m, cells) the held-out blocks' open-loop bias cells (bias.py)
-        if cal.real.err_steps.ndim == 3 and cal.real_controls is not None:
-            self.real_cells = bias_cells(cal.real.err_steps, cal.real_controls, regime_edges(cal.real_controls))
+        reference = calibration_cells(cal)  # the held-out blocks' open-loop bias cells (bias.py)
+        self.real_cells = None if reference is None else reference[1]  # (m, cells)
         if self.has_search:  # thresholds at this draw size, from the same searches on half A
             self.lat_id = identity_index("delay", search.delays)
             self.thr_latency = null_quantile(

@@ -1,12 +1,11 @@
 """Transformations of episodes: the corrections attribution tries and the gaps power injects.
 
 Owns pure functions Episode -> Episode (raw units; nothing here knows the model):
-  shift_actions(ep, d)      actions'[t] = actions[t + d] (edges held): d > 0 feeds the model the
-                            commands d steps *later*, which is what reality sees when it responds
-                            d steps later than the checked data (d steps of missing latency)
-  shift_drivers(ep, d)      the same shift of the commands and the exogenous inputs together: what
-                            the latency search tries (a response that lags the logged wind or speed
-                            is a latency gap too, with or without command channels)
+  shift_drivers(ep, d)      commands and exogenous inputs u'[t] = u[t + d] (edges held): d > 0 feeds
+                            the model the drivers d steps *later*, which is what reality sees when it
+                            responds d steps later than the checked data (d steps of missing
+                            latency); a response that lags the logged wind or speed is a latency gap
+                            too, with or without command channels
   actuator(ep, c, ...)      commands of channel c through gain / offset / deadband
   actuator_correction(...)  one of those factors by name (what the attribution searches try)
   observation_noise(...)    add Gaussian noise or a bias to observation channels
@@ -28,16 +27,8 @@ def _replace(ep: Episode, **kw) -> Episode:
     return dataclasses.replace(ep, **kw)
 
 
-def shift_actions(ep: Episode, d: int) -> Episode:
-    n = ep.num_steps
-    if d == 0 or n == 0:
-        return ep
-    idx = np.clip(np.arange(n) + d, 0, n - 1)
-    return _replace(ep, actions=ep.actions[idx])
-
-
 def shift_drivers(ep: Episode, d: int) -> Episode:
-    """`shift_actions` applied to the commands and the exogenous inputs alike."""
+    """The commands and the exogenous inputs shifted by d steps (module docstring)."""
     n = ep.num_steps
     if d == 0 or n == 0:
         return ep
