@@ -2,8 +2,9 @@
 
 Owns `calibrate(run_dir, log)` and the files it writes next to the model:
   RUNDIR/calibration.json   config, provenance, power table (small, human-readable)
-  RUNDIR/calibration.npz    arrays: real block scores, attribution search matrices on real
-                            blocks, the training-latent support reference, injected-gap scores
+  RUNDIR/calibration.npz    arrays: real block scores, the corrections' scores and fit on real
+                            blocks (sysid.py; the grid search matrices with attribution "grid"),
+                            the training-latent support reference, injected-gap scores
 Held-out = the validation episodes of the model's own split (never trained on). Every statistic
 is per block of consecutive steps, so checks can resample blocks (autocorrelation respected).
 
@@ -33,6 +34,7 @@ from wmcheck.checks.endings import real_endings
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.checks.power import PowerSet, injected_power
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks, with_spread_scale
+from wmcheck.checks.sysid import Reference, reference
 from wmcheck.datasets.atomic import atomic_path, write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
@@ -42,11 +44,11 @@ from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 from wmcheck.training.conformal import fit_spread_scale
 from wmcheck.training.quality import compute_card, read_card, write_card
 
-CALIBRATION_VERSION = 6  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 7  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
 # 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale;
-# 6: the power entries' open-loop bias cells (bias.py)
+# 6: the power entries' open-loop bias cells (bias.py); 7: the corrections' fit reference (sysid.py)
 @dataclass
 class Calibration:
     config: CheckConfig
@@ -60,6 +62,7 @@ class Calibration:
     real_controls: np.ndarray | None = None  # (n, H, A + E) operating conditions of the held-out steps (regimes)
     real_episode: np.ndarray | None = None  # (n,) held-out episode id of every real block (the clusters)
     spread_scale: np.ndarray | None = None  # (H, D) conformal scale of the predictive std (training/conformal.py)
+    sysid: Reference | None = None  # the corrections' fit on the real blocks (sysid.py; None with attribution "grid")
 
     def save(self, run_dir: Path) -> None:
         arrays = {
@@ -75,6 +78,8 @@ class Calibration:
             arrays["real_episode"] = self.real_episode
         if self.spread_scale is not None:
             arrays["spread_scale"] = self.spread_scale
+        if self.sysid is not None:
+            arrays.update(self.sysid.to_arrays())
         with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         meta = {
@@ -115,6 +120,7 @@ class Calibration:
             arrays.get("real_controls"),
             arrays.get("real_episode"),
             arrays.get("spread_scale"),
+            Reference.from_arrays(arrays),
         )
 
 
@@ -206,8 +212,14 @@ def calibrate(
     # makes its 90 % band cover 90 % of them at every step and channel, and every score uses it.
     spread = fit_spread_scale(np.abs(real.z_steps))  # (H, D)
     real = with_spread_scale(real, spread)
-    say("  attribution searches on real blocks (the null of every search)")
-    real_search = search_matrices(model, held, norm, cfg, norm.std["action"].astype(float))
+    sysid_ref = None
+    if cfg.attribution == "grid":
+        say("  attribution searches on real blocks (the null of every search)")
+        real_search = search_matrices(model, held, norm, cfg, norm.std["action"].astype(float))
+    else:
+        say("  corrections' scores and fit on real blocks (the null of the latency and actuator tests)")
+        real_search = SearchMatrices(np.zeros(0), np.zeros((0, 0)))
+        sysid_ref = reference(model, held, blocks, norm, cfg)
     # Power: halves of the held-out episodes (A: null, B: injected; B uninjected is the control).
     # Both halves are subsets of the real blocks scored above (same episodes, same cuts).
     say("  power: injecting gaps of graded size into held-out episodes")
@@ -245,6 +257,7 @@ def calibrate(
         block_controls(blocks),
         blocks.episode,
         spread,
+        sysid_ref,
     )
     cal.save(run_dir)
     if model.cfg.image_keys:  # the visual gap's real-vs-real null (checks/visual.py)

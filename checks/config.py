@@ -64,6 +64,10 @@ class CheckConfig:
     """Training latents kept as the support reference."""
     power_target: float = 0.9
     seed: int = 0
+    attribution: str = "fit"
+    """How latency and actuator gaps are found: "fit" (checks/sysid.py: the corrections' score test
+    and one joint differentiable fit, the default) or "grid" (the grid searches of attribution.py,
+    kept for one release as a fallback; the grids above also bound the fit's box)."""
 
     def __post_init__(self) -> None:
         for name in ("gain_grid", "offset_grid", "deadband_grid"):
@@ -72,6 +76,8 @@ class CheckConfig:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
         if self.context < 1 or self.horizon < 2:
             raise ValueError("context must be >= 1 and horizon >= 2")
+        if self.attribution not in ("fit", "grid"):
+            raise ValueError(f"attribution must be 'fit' or 'grid', got {self.attribution!r}")
         if 1.0 not in self.gain_grid or 0.0 not in self.offset_grid or 0.0 not in self.deadband_grid:
             raise ValueError("the grids must contain the identity (gain 1, offset 0, deadband 0)")
 

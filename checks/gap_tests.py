@@ -30,12 +30,14 @@ import numpy as np
 
 from wmcheck.checks import attribution as attr
 from wmcheck.checks import bias as ob
+from wmcheck.checks import sysid
 from wmcheck.checks.blocks import Blocks, block_controls, make_blocks
 from wmcheck.checks.config import Tolerances
 from wmcheck.checks.evidence import GapEvidence
 from wmcheck.checks.scoring import BlockScores, score_blocks
 from wmcheck.checks.stats import cluster_bootstrap
 from wmcheck.checks.transforms import actuator_correction, shift_drivers
+from wmcheck.datasets.errors import UserError
 
 
 @dataclass
@@ -140,19 +142,13 @@ def run_gap_tests(ctx: GapContext) -> GapTests:
             ctx.scores,
         )
     boot_idx = cluster_bootstrap(ctx.rng, ctx.blocks.episode[ctx.comp_idx], ctx.cal.config.bootstrap)  # whole episodes
-    latency = latency_test(ctx, boot_idx)
-    shift = latency.detail.steps if latency.fires else 0
-    act_eps = [shift_drivers(e, shift) for e in ctx.episodes] if shift else ctx.episodes
-    actuator = actuator_test(ctx, act_eps, boot_idx)
-    corrected, applied = act_eps, [f"delay {shift} steps"] if shift else []
-    if actuator.fires:
-        b = actuator.detail.best
-        corrected = [actuator_correction(e, b.index, b.kind, b.value) for e in corrected]
-        applied.append(f"{b.kind} {b.value:.3g} on {b.channel}")
-    sc, blocks = ctx.scores, ctx.blocks
+    if ctx.cal.config.attribution == "grid":
+        latency, actuator, blocks, applied = grid_corrections(ctx, boot_idx)
+    else:
+        latency, actuator, blocks, applied = fit_corrections(ctx, boot_idx)
+    sc = ctx.scores
     if applied:
         cfg = ctx.cal.config
-        blocks = make_blocks(corrected, ctx.norm, cfg.context, cfg.horizon)
         sc = score_blocks(
             ctx.model,
             blocks,
@@ -166,6 +162,136 @@ def run_gap_tests(ctx: GapContext) -> GapTests:
     return GapTests(
         {"latency": latency, "actuator": actuator, "sensor_noise": sensor, "dynamics": dynamics}, sc, applied
     )
+
+
+def grid_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence, Blocks, list[str]]:
+    """The grid searches (attribution="grid"): latency, then actuator on what the delay leaves; the
+    blocks with the corrections that fired applied."""
+    latency = latency_test(ctx, boot_idx)
+    shift = latency.detail.steps if latency.fires else 0
+    act_eps = [shift_drivers(e, shift) for e in ctx.episodes] if shift else ctx.episodes
+    actuator = actuator_test(ctx, act_eps, boot_idx)
+    corrected, applied = act_eps, [f"delay {shift} steps"] if shift else []
+    if actuator.fires:
+        b = actuator.detail.best
+        corrected = [actuator_correction(e, b.index, b.kind, b.value) for e in corrected]
+        applied.append(f"{b.kind} {b.value:.3g} on {b.channel}")
+    blocks = ctx.blocks
+    if applied:
+        cfg = ctx.cal.config
+        blocks = make_blocks(corrected, ctx.norm, cfg.context, cfg.horizon)
+    return latency, actuator, blocks, applied
+
+
+@dataclass
+class FitDetail:
+    """The latency or actuator row from the corrections' score test and joint fit (sysid.py)."""
+
+    gap: str  # "latency" | "actuator"
+    test: ob.BiasTest  # the score test; its cells are `params`
+    params: list  # (c,) sysid.Param of the test
+    fit: sysid.SysidResult  # shared by both rows
+    names: list[str]  # command channel names
+    box: dict[str, dict[str, list[float]]]  # channel -> kind -> [lo, hi] the model can judge (physical)
+    dt: float | None = None
+
+    def estimates(self) -> list[sysid.Estimate]:
+        want = ("delay",) if self.gap == "latency" else sysid.KINDS
+        return [e for e in self.fit.estimates if e.param.kind in want]
+
+    def best(self) -> sysid.Estimate | None:
+        """The fitted correction of this row with the largest score |t| among the significant ones."""
+        est = self.estimates()
+        sig = {p for p, s in zip(self.params, self.test.significant) if s}
+        est = [e for e in est if e.param in sig] or est
+        return max(est, key=lambda e: abs(e.t)) if est else None
+
+
+def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence, Blocks, list[str]]:
+    """The corrections' score tests, then one joint fit of the parameters of the tests that fired
+    (sysid.py); the blocks with the fitted corrections applied."""
+    cfg, norm, cal = ctx.cal.config, ctx.norm, ctx.cal
+    layout = sysid.Layout.for_normalizer(norm, cfg.max_delay)
+    none = ("no command or exogenous input channels to be late against", "no command channels")
+    if not len(layout.columns("latency")) and not len(layout.columns("actuator")):
+        return (
+            GapEvidence.not_checked("latency", none[0]),
+            GapEvidence.not_checked("actuator", none[1]),
+            ctx.blocks,
+            [],
+        )
+    if cal.sysid is None:
+        raise UserError(
+            "this calibration has no reference for the corrections' fit (it was made with attribution 'grid')",
+            "re-run `wmcheck calibrate RUN` (the default attribution is the fit)",
+        )
+    H_ = sysid.ATTRIBUTION_HORIZON
+    data_all = sysid.FitData.of(ctx.episodes, ctx.blocks, norm, layout)
+    data = data_all.subset(ctx.comp_idx)
+    ident = sysid.evaluate(ctx.model, data, np.zeros(len(layout)), layout, cfg.context, H_)
+    groups = ctx.blocks.episode[ctx.comp_idx]
+    twin = None if ctx.twin is None else ctx.twin[ctx.comp_idx]
+    tests = {}
+    for gap in ("latency", "actuator"):
+        cols = layout.columns(gap)
+        if len(cols):
+            tests[gap] = sysid.score_test(
+                ident.grad, groups, cal.sysid.scores, cal.real_episode, cols, ctx.level, ctx.rng, boot_idx, twin
+            )
+    fired = {g for g, t in tests.items() if t.evidence >= 1.0}
+    free = list(layout.columns("latency")) if "latency" in fired else []
+    if "actuator" in fired:
+        cols = layout.columns("actuator")
+        channels = sorted({layout.params[j].channel for j, s in zip(cols, tests["actuator"].significant) if s})
+        free += [j for c in channels for j in layout.channel_columns(c)]
+    lo, hi = sysid.bounds(norm, ctx.episodes, layout, cfg, cfg.competence_alpha)
+    astd = norm.std["action"].astype(float)
+    names = list(norm.names["action"])
+    result = sysid.SysidResult(layout, None, evaluations=1)
+    applied: list[str] = []
+    blocks = ctx.blocks
+    if free:
+        f = sysid.fit(ctx.model, data, layout, free, lo, hi, cfg.context, H_, ident)
+        H, ok = sysid.hessian(ctx.model, data, layout, f, lo, hi, cfg.context, H_)
+        cov = sysid.sandwich(H, f.at_fit.grad[:, f.free], groups)
+
+        def t_of(j):
+            for gap, t in tests.items():
+                cols = list(layout.columns(gap))
+                if j in cols:
+                    return t.t[cols.index(j)]
+            return 0.0
+
+        est, corr, pairs = sysid.estimates(f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of)
+        result = sysid.SysidResult(layout, f, est, corr, pairs, ok, 1 + f.evaluations + len(f.free))
+        blocks = sysid.corrected_blocks(data_all, f.theta, layout)
+        applied = [
+            f"delay {e.value:+.2f} steps" if e.param.kind == "delay" else f"{e.param.kind} {e.value:.3g} on {e.channel}"
+            for e in est
+        ]
+    box: dict[str, dict[str, list[float]]] = {}
+    for j, p in enumerate(layout.params):
+        if p.kind != "delay":
+            box.setdefault(names[p.channel], {})[p.kind] = [
+                sysid.physical(p, lo[j], astd),
+                sysid.physical(p, hi[j], astd),
+            ]
+    out = {}
+    for gap in ("latency", "actuator"):
+        if gap not in tests:
+            out[gap] = GapEvidence.not_checked(gap, none[0] if gap == "latency" else none[1])
+            continue
+        t = tests[gap]
+        detail = FitDetail(gap, t, [layout.params[j] for j in layout.columns(gap)], result, names, box, ctx.dt)
+        best = detail.best() if gap in fired else None
+        if gap == "latency":
+            within = best is not None and ctx.tolerances.latency.covers(best.value)
+        else:
+            sig_params = {p for p, s in zip(detail.params, t.significant) if s}
+            sig = [e for e in detail.estimates() if e.param in sig_params] or ([best] if best else [])
+            within = bool(sig) and all(ctx.tolerances.actuator.covers(e.param.kind, e.value) for e in sig)
+        out[gap] = GapEvidence(gap, t.evidence, within_tolerance=within, boot=t.boot, detail=detail)
+    return out["latency"], out["actuator"], blocks, applied
 
 
 def latency_test(ctx: GapContext, boot_idx) -> GapEvidence:

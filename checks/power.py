@@ -69,8 +69,9 @@ class PowerEntry:
     search_gain: np.ndarray | None = None  # (C, G, n) the gain search of every command channel
     allowed_gain: np.ndarray | None = None  # (C, G) the gains the model can judge on these blocks
     bias_cells: np.ndarray | None = None  # (n, cells) open-loop bias per block and cell (bias.py)
+    fit_scores: np.ndarray | None = None  # (n, p) the corrections' scores at the identity (sysid.py)
 
-    OPTIONAL = ("search_latency", "search_gain", "allowed_gain", "bias_cells")
+    OPTIONAL = ("search_latency", "search_gain", "allowed_gain", "bias_cells", "fit_scores")
 
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
         out = {f"{prefix}score_{s}": self.scores[s] for s in POWER_SCORES}
@@ -243,6 +244,7 @@ class _PowerJudge:
         self.thr_latency, self.thr_gain = None, None
         reference = calibration_cells(cal)  # the held-out blocks' open-loop bias cells (bias.py)
         self.real_cells = None if reference is None else reference[1]  # (m, cells)
+        self.a_gap = a_gap
         if self.has_search:  # thresholds at this draw size, from the same searches on half A
             self.lat_id = identity_index("delay", search.delays)
             self.thr_latency = null_quantile(
@@ -261,6 +263,8 @@ class _PowerJudge:
         """Half B uninjected, with every search the check runs (latency and gains)."""
         c, search = self.cal.power.control, self.cal.real_search
         cells = None if self.real_cells is None else self.real_cells[~self.in_a]
+        if self.cal.sysid is not None:
+            return PowerEntry(c.scores, bias_cells=cells, fit_scores=self.cal.sysid.scores[~self.in_a])
         if not self.has_search:
             return PowerEntry(c.scores, c.search_latency, c.search_gain, c.allowed_gain, cells)
         gain = search.actuator["gain"][:, :, ~self.in_a] if self.thr_gain is not None else None
@@ -270,6 +274,26 @@ class _PowerJudge:
         from wmcheck.checks.attribution import only_allowed, paired_improvement
 
         out = {g: GapEvidence.not_checked(g, "not simulated") for g in ("latency", "actuator")}
+        ref = self.cal.sysid
+        if ref is not None and entry.fit_scores is not None:  # the score tests a check runs (sysid.py)
+            from wmcheck.checks import sysid
+
+            layout, ps = ref.layout, self.cal.power
+            for gap in ("latency", "actuator"):
+                cols = layout.columns(gap)
+                if len(cols):
+                    t = sysid.score_test(
+                        entry.fit_scores[idx],
+                        ps.control_episode[idx],
+                        ref.scores[self.in_a],
+                        ps.null_episode,
+                        cols,
+                        self.a_gap,
+                        self.rng,
+                        permutations=POWER_PERMUTATIONS,
+                    )
+                    out[gap] = GapEvidence(gap, t.evidence)
+            return out
         if self.has_search and entry.search_latency is not None:
             t = paired_improvement(entry.search_latency, self.lat_id, idx)[0]
             out["latency"] = GapEvidence("latency", min(t, 1e6) / self.thr_latency)
@@ -366,6 +390,15 @@ def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator
     return [observation_noise(e, bias=size * std) for e in episodes]
 
 
+def _fit_scores(model, episodes, blocks, norm: Normalizer, cfg: CheckConfig) -> np.ndarray:
+    """(n, p) the corrections' scores at the identity on these blocks (what a check's score test sees)."""
+    from wmcheck.checks import sysid
+
+    layout = sysid.Layout.for_normalizer(norm, cfg.max_delay)
+    data = sysid.FitData.of(episodes, blocks, norm, layout)
+    return sysid.evaluate(model, data, np.zeros(len(layout)), layout, cfg.context, sysid.ATTRIBUTION_HORIZON).grad
+
+
 def injected_power(
     model, norm: Normalizer, cfg: CheckConfig, held: list, blocks, real: BlockScores, spread=None
 ) -> PowerSet:
@@ -405,7 +438,9 @@ def injected_power(
             sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed, spread_scale=spread)
             entry = PowerEntry({s: getattr(sc, s) for s in POWER_SCORES})
             entry.bias_cells = bias_cells(sc.err_steps, block_controls(inj_blocks), edges)
-            if gap == "latency":
+            if cfg.attribution == "fit" and gap in ("latency", "actuator"):
+                entry.fit_scores = _fit_scores(model, inj, inj_blocks, norm, cfg)
+            elif gap == "latency":
                 entry.search_latency = search_matrices(model, inj, norm, cfg, astd, actuator=False).latency
             elif gap == "actuator" and len(astd):
                 entry.search_gain = search_matrices(

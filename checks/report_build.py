@@ -52,8 +52,119 @@ def _row(g: GapEvidence, verdict: str, estimate, ci, explanation: str, **extra) 
     return out
 
 
+def _fit_test_words(d) -> str:
+    """How the corrections' score test (sysid.py) decided, in one clause."""
+    t = d.test
+    worst = int(np.argmax(np.abs(t.t))) if len(t.t) else 0
+    null = (
+        "paired with each block's real twin, sign-flip null"
+        if t.paired
+        else "permutation null over episodes"
+        if t.null != "bonferroni"
+        else "Bonferroni over the parameters (too few episodes to permute)"
+    )
+    where = _param_words(d.params[worst], d.names) if len(t.t) else "none"
+    return (
+        f"the checked blocks' score of the {where} correction differs from the held-out real blocks' by Welch "
+        f"t = {t.t[worst]:.3g} (|t| needed: {float(t.threshold[worst]):.3g}, {null}"
+        + (f", p = {t.p_value:.3g}" if t.p_value is not None else "")
+        + ")"
+    )
+
+
+def _param_words(p, names) -> str:
+    return "delay" if p.kind == "delay" else f"{p.kind} on {names[p.channel]}"
+
+
+def _estimate_words(e, dt=None) -> str:
+    if e.param.kind == "delay":
+        secs = f" ({e.value * dt * 1000:.0f} ms)" if dt else ""
+        return f"delay {e.value:+.2f} steps{secs} [{e.interval[0]:+.2f}, {e.interval[1]:+.2f}]"
+    return f"{e.param.kind} {e.value:.3g} on {e.channel} [{e.interval[0]:.3g}, {e.interval[1]:.3g}]" + (
+        " (at the edge of what the model can judge)" if e.at_bound else ""
+    )
+
+
+def _fit_words(d) -> str:
+    r = d.fit
+    if r.fit is None:
+        return ""
+    words = (
+        f"; the joint fit ({', '.join(_estimate_words(e, d.dt) for e in r.estimates)}; 95 % intervals) lowers the "
+        f"objective by {r.fit.J0 - r.fit.J1:.3g} nats per step and channel in {r.evaluations} model evaluations"
+    )
+    if r.confounded:
+        words += "; confounded (they mimic each other): " + ", ".join(
+            f"{a} and {b} (correlation {c:+.2f})" for a, b, c in r.confounded
+        )
+    if not r.curvature_ok:
+        words += "; the fit is not at a clear minimum, so its intervals are approximate"
+    return words
+
+
+def _estimate_json(e) -> dict:
+    return {"estimate": r4(e.value), "ci95": [r4(e.interval[0]), r4(e.interval[1])], "score_t": r4(e.t)}
+
+
+def latency_fit_row(g: GapEvidence, verdict: str) -> dict:
+    d = g.detail
+    best = d.best() if g.fires else None
+    steps = None if best is None else round(best.value, 2)
+    direction = (
+        "none"
+        if steps is None or steps == 0
+        else f"the simulator lacks ~{steps:.2g} step(s) of latency (responds earlier than reality)"
+        if steps > 0
+        else f"the simulator has ~{-steps:.2g} step(s) too much latency (responds later than reality)"
+    )
+    return _row(
+        g,
+        verdict,
+        {
+            "steps": steps,
+            "seconds": (steps * d.dt if d.dt and steps is not None else None),
+            "direction": direction,
+            "method": "fit",
+            "score_t": r4(d.test.t[0]) if len(d.test.t) else None,
+            "fitted_with": [_param_words(e.param, d.names) for e in d.fit.estimates if e.param.kind != "delay"],
+        },
+        None if best is None else [r4(best.interval[0]), r4(best.interval[1])],
+        _fit_test_words(d) + _fit_words(d),
+    )
+
+
+def actuator_fit_row(g: GapEvidence, verdict: str) -> dict:
+    d = g.detail
+    best = d.best() if g.fires else None
+    per_channel: dict[str, dict] = {}
+    for e in d.estimates():
+        per_channel.setdefault(e.channel, {})[e.param.kind] = _estimate_json(e)
+    t_per = {}
+    for p, t, sig in zip(d.params, d.test.t, d.test.significant):
+        t_per.setdefault(d.names[p.channel], {})[p.kind] = {"score_t": r4(t), "significant": bool(sig)}
+    estimate = {
+        "channel": None if best is None else best.channel,
+        "kind": None if best is None else best.param.kind,
+        "value": None if best is None else r4(best.value),
+        "method": "fit",
+        "per_channel": per_channel,
+        "scores": t_per,
+        "judgeable": d.box,
+        "confounded": [{"a": a, "b": b, "correlation": r4(c)} for a, b, c in d.fit.confounded],
+    }
+    return _row(
+        g,
+        verdict,
+        estimate,
+        None if best is None else [r4(best.interval[0]), r4(best.interval[1])],
+        _fit_test_words(d) + _fit_words(d),
+    )
+
+
 def latency_row(g: GapEvidence, verdict: str) -> dict:
     d = g.detail
+    if hasattr(d, "fit"):  # gap_tests.FitDetail: the corrections' fit (sysid.py)
+        return latency_fit_row(g, verdict)
     direction = (
         f"the simulator lacks ~{d.steps} step(s) of latency (responds earlier than reality)"
         if d.steps > 0
@@ -79,6 +190,8 @@ def latency_row(g: GapEvidence, verdict: str) -> dict:
 
 def actuator_row(g: GapEvidence, verdict: str) -> dict:
     d = g.detail
+    if hasattr(d, "fit"):  # gap_tests.FitDetail
+        return actuator_fit_row(g, verdict)
     b = d.best
     per_channel: dict[str, dict] = {}
     for c in d.searches:

@@ -37,9 +37,13 @@ def shift_drivers(ep: Episode, d: int) -> Episode:
 
 
 def deadband(a: np.ndarray, width: float) -> np.ndarray:
-    """Zero inside [-width, width], shifted linear outside (continuous at the edges)."""
-    if width <= 0:
+    """Zero inside [-width, width], shifted linear outside (continuous at the edges); a negative
+    width is the inverse, every nonzero command moved |width| away from 0 (sysid's two-sided
+    deadband parameter)."""
+    if width == 0:
         return a
+    if width < 0:
+        return a + np.sign(a) * (-width)
     return np.sign(a) * np.maximum(np.abs(a) - width, 0.0)
 
 

@@ -1,0 +1,660 @@
+"""Latency and actuator attribution as system identification through the world model: one
+differentiable fit of correction parameters, detected by their scores.
+
+The latency and actuator rows ask: which correction of the checked data's driving signals makes
+the world model (our picture of reality) explain the checked observations? This module answers it
+as a fit instead of a grid search.
+
+Parameters theta (`Layout`; all 0 at the identity), applied to the drivers before the model sees
+them (`corrected_controls`, differentiable):
+  delay       d steps, one for every driving signal (commands and exogenous inputs together):
+              u'[t] = u(t + d), a fractional shift by Catmull-Rom interpolation (C1: its derivative
+              at an integer delay is the central difference), the episode's first and last values
+              held beyond its ends as in transforms.shift_drivers; d > 0: the simulator lacks latency
+  gain        per command channel, log of the gain
+  offset      per command channel, in units of its training std
+  deadband    per command channel, width in std units: w >= 0 zeroes |a| <= w and moves the rest
+              w toward 0 (transforms.deadband); w < 0 moves commands |w| away from 0 (the inverse),
+              so the score at w = 0 is two-sided
+  The delay acts first, then deadband, gain and offset (transforms.actuator's order).
+
+Objective, per block (`objective`): the one-step Gaussian NLL of the observations (symlog space,
+mean over steps t >= C and channels) under the prior's mean-field prediction, plus 0.5 log of the
+mean squared error of open-loop rollouts of `horizon` steps branched from the block's own
+posterior states every `horizon` steps (a Gaussian log-score at that horizon: latency shows most in
+the one-step term, gains and offsets accumulate over a few steps). Deterministic (latent modes);
+one posterior pass serves both terms.
+
+Detection (`score_test`). The score of every parameter at the identity, dJ_b/dtheta per block, comes
+from one backward pass for all blocks and parameters (theta has one row per block). The model is not
+at its optimum on real data either, so the held-out real blocks' scores are the null: per
+parameter Welch's t of the checked episodes' mean score against the real episodes', the max |t|
+over the test's parameters, its null by permuting episodes (bias.bias_test; paired against each
+block's real twin, with a sign-flip null, when every block has one). A Rao score test in
+two-sample form: its threshold does not depend on how many episodes are checked, and correlated
+parameters are not over-corrected. Latency (the delay) and actuator (every command parameter)
+are two tests.
+
+Estimation (`fit`). The parameters of the tests that fired (the delay; all three of every command
+channel with a significant score) are fitted jointly, since a delay and a weak gain mimic each
+other: L-BFGS on the blocks' mean J plus a weak ridge toward the identity, projected onto the box
+the model can judge (`bounds`: corrections that move no more commands outside the training logs'
+range than the identity does, or competence_alpha of them; attribution.allowed_corrections' rule).
+The estimate is relative to the same fit on the held-out real blocks (calibration: the model's own
+preference, e.g. a curve that bottoms out at -0.3 steps, cancels). Interval: the cluster-robust
+sandwich H^-1 S H^-1 over episodes (H by forward differences of the mean gradient, S from the
+per-episode scores at the fit), plus the real reference's variance; the correlation of two
+estimates says when they are confounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from wmcheck.checks.attribution import allowed_corrections
+from wmcheck.checks.blocks import Blocks
+from wmcheck.worldmodel.distributions import symexp, symlog
+
+KINDS = ("gain", "offset", "deadband")
+RIDGE = 1e-3  # nats per squared parameter unit: a weak prior toward the identity
+FD_STEP = 0.02  # forward-difference step of the Hessian, parameter units
+CONFOUNDED = 0.7  # |correlation| of two estimates above which the report calls them confounded
+GUARD_POINTS = 33  # candidate values per parameter when the box the model can judge is found
+MAX_EVALS = 30  # objective evaluations of one fit
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: str  # "delay" | "gain" | "offset" | "deadband"
+    channel: int | None = None  # command channel; None for the delay
+
+
+@dataclass
+class Layout:
+    """The correction parameters of a model's channels, in theta order."""
+
+    params: list[Param]
+    n_actions: int
+    n_inputs: int
+    max_delay: int
+
+    @classmethod
+    def of(cls, n_actions: int, n_inputs: int, max_delay: int) -> Layout:
+        params = [Param("delay")] if n_actions + n_inputs else []
+        params += [Param(k, c) for c in range(n_actions) for k in KINDS]
+        return cls(params, int(n_actions), int(n_inputs), int(max_delay))
+
+    @classmethod
+    def for_normalizer(cls, norm, max_delay: int) -> Layout:
+        return cls.of(norm.dim("action"), norm.dim("input"), max_delay)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    @property
+    def margin(self) -> int:
+        """Driver offsets kept on each side of a block column (Catmull-Rom reads d - 1 .. d + 2)."""
+        return self.max_delay + 2
+
+    def index(self, kind: str, channel: int | None = None) -> int | None:
+        p = Param(kind, channel)
+        return self.params.index(p) if p in self.params else None
+
+    def columns(self, gap: str) -> np.ndarray:
+        """theta indices of a gap's test: latency the delay, actuator every command parameter."""
+        want = ("delay",) if gap == "latency" else KINDS
+        return np.array([i for i, p in enumerate(self.params) if p.kind in want], int)
+
+    def channel_columns(self, c: int) -> list[int]:
+        return [i for i, p in enumerate(self.params) if p.channel == c]
+
+
+# ----------------------------------------------------------------------------- data and layer
+@dataclass
+class FitData:
+    """Blocks prepared for the fit: their batch and the normalised drivers around each column."""
+
+    blocks: Blocks
+    drivers: np.ndarray  # (n, L, 2M + 1, A + E): driver of column j at offset k - M (prev-aligned)
+    act_mean: np.ndarray  # (A,) raw units
+    act_std: np.ndarray  # (A,)
+
+    @classmethod
+    def of(cls, episodes, blocks: Blocks, norm, layout: Layout) -> FitData:
+        """`blocks` must be cut from `episodes` (make_blocks); column j of a block starting at step s
+        reads driver u_{s + j - 1} (the prev-aligned step view), so offset k reads u_{s + j - 1 + k}."""
+        by_id = {e.id: e for e in episodes}
+        M, L = layout.margin, blocks.length
+        U = layout.n_actions + layout.n_inputs
+        out = np.zeros((len(blocks), L, 2 * M + 1, U), np.float32)
+        k = np.arange(-M, M + 1)
+        cache: dict[int, np.ndarray] = {}
+        for i, (eid, s) in enumerate(zip(blocks.episode, blocks.start)):
+            if eid not in cache:
+                ep = by_id[int(eid)]
+                cache[eid] = np.concatenate(
+                    [norm.norm_action(ep.actions), norm.norm_input(ep.input_array())], -1
+                ).astype(np.float32)  # (N, U)
+            u = cache[eid]
+            idx = np.clip(int(s) + np.arange(L)[:, None] - 1 + k[None, :], 0, len(u) - 1)  # (L, 2M + 1)
+            out[i] = u[idx]
+        return cls(
+            blocks,
+            out,
+            norm.mean["action"].astype(np.float64),
+            np.maximum(norm.std["action"].astype(np.float64), 1e-12),
+        )
+
+    def subset(self, idx) -> FitData:
+        idx = np.asarray(idx)
+        return FitData(self.blocks.subset(idx), self.drivers[idx], self.act_mean, self.act_std)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def chunks(self, chunk: int):
+        for sl, batch in self.blocks.torch_chunks(chunk):
+            yield sl, batch, torch.from_numpy(self.drivers[sl])
+
+
+def _catmull_rom(s: torch.Tensor) -> torch.Tensor:
+    """(n,) fractions in [0, 1) -> (n, 4) weights of the samples at floor - 1 .. floor + 2."""
+    s2, s3 = s * s, s * s * s
+    return torch.stack(
+        [(-s3 + 2 * s2 - s) / 2, (3 * s3 - 5 * s2 + 2) / 2, (-3 * s3 + 4 * s2 + s) / 2, (s3 - s2) / 2], 1
+    )
+
+
+def corrected_controls(
+    drivers: torch.Tensor, theta: torch.Tensor, layout: Layout, act_mean, act_std
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """drivers (n, L, 2M + 1, U) normalised, theta (n, p) -> prev_action (n, L, A), prev_input (n, L, E)
+    of the corrected drivers (module docstring), column 0 zero as at every block's start."""
+    n, L, _, U = drivers.shape
+    M, A = layout.margin, layout.n_actions
+    dtype = drivers.dtype
+    i_d = layout.index("delay")
+    d = theta[:, i_d].clamp(-layout.max_delay, layout.max_delay) if i_d is not None else theta.new_zeros(n)
+    f = torch.floor(d.detach())
+    w = _catmull_rom(d - f).to(dtype)  # (n, 4)
+    base = (f.long() + M)[:, None] + torch.arange(-1, 3)[None, :]  # (n, 4) offset indices
+    g = drivers.gather(2, base[:, None, :, None].expand(n, L, 4, U))  # (n, L, 4, U)
+    u = (g * w[:, None, :, None]).sum(2)  # (n, L, U)
+    a, inp = u[..., :A], u[..., A:]
+    if A:
+        mean = torch.as_tensor(act_mean, dtype=dtype)
+        std = torch.as_tensor(act_std, dtype=dtype)
+        r = a * std + mean  # raw units (n, L, A)
+
+        def col(kind):  # (n, 1, A)
+            return theta[:, [layout.index(kind, c) for c in range(A)]].to(dtype)[:, None, :]
+
+        band = col("deadband") * std
+        sign = torch.sign(r)
+        r = torch.where((band < 0) | (r.abs() > band), r - band * sign, torch.zeros_like(r))
+        r = torch.exp(col("gain")) * r + col("offset") * std
+        a = (r - mean) / std
+    keep = torch.ones(L, dtype=dtype)
+    keep[0] = 0.0
+    return a * keep[None, :, None], inp * keep[None, :, None]
+
+
+# ----------------------------------------------------------------------------- objective
+def _gauss_nll(y, mean, log_std):
+    return 0.5 * ((y - mean) * torch.exp(-log_std)).pow(2) + log_std
+
+
+def _soft_observe(model, seq):
+    """The posterior filter of model.observe with each latent's probabilities in place of its one-hot
+    mode (the straight-through mode is piecewise constant in the controls, so J would jump where a
+    mode flips and no line search or finite difference could use it): states (n, L, ...)."""
+    from wmcheck.worldmodel.rssm import State
+
+    rssm = model.rssm
+    tokens = model.encoder(seq.obs.float())  # (n, L, units)
+    if model.image_encoder is not None:
+        tokens = torch.cat([tokens, model.image_encoder(seq.images)], -1)
+    ctrl = torch.cat([seq.prev_action, seq.prev_input], -1).float()  # (n, L, U)
+    first = seq.is_first.bool()
+    state = rssm.initial(tokens.shape[0], tokens.device)
+    w = rssm.core_weights() if rssm.cfg.fused_core else None
+    deters, stochs = [], []
+    for t in range(tokens.shape[1]):
+        state, u = rssm.reset(state, ctrl[:, t], first[:, t])
+        deter = rssm.core(state, u, w)
+        state = State(deter, rssm.post_logp(deter, tokens[:, t]).exp())
+        deters.append(deter)
+        stochs.append(state.stoch)
+    return State(torch.stack(deters, 1), torch.stack(stochs, 1))
+
+
+def _soft_prior(model, deter):
+    """The prior heads' mixture probabilities of the latents given h: (..., S, C)."""
+    return model.rssm.prior_logp(deter).exp().mean(-3)
+
+
+def _soft_imagine(model, state, ctrl):
+    """Roll the prior forward under ctrl (B, H, U) with latent probabilities (the heads' mixture)."""
+    from wmcheck.worldmodel.rssm import State
+
+    rssm = model.rssm
+    w = rssm.core_weights() if rssm.cfg.fused_core else None
+    deters, stochs = [], []
+    for t in range(ctrl.shape[1]):
+        deter = rssm.core(state, ctrl[:, t], w)
+        state = State(deter, _soft_prior(model, deter))
+        deters.append(deter)
+        stochs.append(state.stoch)
+    return State(torch.stack(deters, 1), torch.stack(stochs, 1))
+
+
+def objective(model, batch, prev_action, prev_input, context: int, horizon: int) -> torch.Tensor:
+    """J per block (n,) of the module docstring, smooth and differentiable in the controls (latent
+    probabilities instead of modes: `_soft_observe`)."""
+    from wmcheck.worldmodel.rssm import State
+
+    seq = copy.copy(batch)
+    seq.prev_action, seq.prev_input = prev_action.float(), prev_input.float()
+    post = _soft_observe(model, seq)  # (n, L, ...)
+    mean, log_std = model.decode(State(post.deter, _soft_prior(model, post.deter)))  # (n, L, D) symlog space
+    y = seq.obs.float()
+    one_step = _gauss_nll(symlog(y), mean, log_std)[:, context:].mean((1, 2))  # (n,)
+    n, L = y.shape[:2]
+    starts = list(range(context - 1, L - horizon, horizon))  # branch points t0 (t0 + horizon <= L - 1)
+    if not starts:
+        return one_step
+    W = len(starts)
+    st = State(post.deter[:, starts].reshape(n * W, -1), post.stoch[:, starts].reshape(n * W, *post.stoch.shape[2:]))
+    window = torch.stack([torch.arange(t0 + 1, t0 + 1 + horizon) for t0 in starts])  # (W, h)
+    ctrl = torch.cat([seq.prev_action, seq.prev_input], -1)[:, window].reshape(n * W, horizon, -1)
+    m, _ = model.decode(_soft_imagine(model, st, ctrl))  # (nW, h, D)
+    err = (symexp(m) - y[:, window].reshape(n * W, horizon, -1)).pow(2).mean((1, 2))  # (nW,)
+    return one_step + 0.5 * torch.log(err.clamp_min(1e-8)).reshape(n, W).mean(1)
+
+
+@contextlib.contextmanager
+def _frozen(model):
+    """Model weights out of autograd (only the corrections get gradients), eval mode."""
+    flags = [p.requires_grad for p in model.parameters()]
+    was_training = model.training
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+        model.train(was_training)
+
+
+@dataclass
+class Evaluation:
+    J: np.ndarray  # (n,) objective per block
+    grad: np.ndarray  # (n, p) dJ_b / dtheta per block
+
+
+def evaluate(
+    model, data: FitData, theta: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
+) -> Evaluation:
+    """J and its gradient per block at theta (p,): one forward and one backward pass."""
+    Js, Gs = [], []
+    with _frozen(model), torch.enable_grad():
+        for _, batch, drv in data.chunks(chunk):
+            rows = torch.as_tensor(theta, dtype=torch.float32).expand(drv.shape[0], -1).clone().requires_grad_(True)
+            pa, pi = corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
+            J = objective(model, batch, pa, pi, context, horizon)
+            (g,) = torch.autograd.grad(J.sum(), rows)
+            Js.append(J.detach().double().numpy())
+            Gs.append(g.double().numpy())
+    return Evaluation(np.concatenate(Js), np.concatenate(Gs))
+
+
+def objective_only(
+    model, data: FitData, theta: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
+) -> float:
+    """Mean J at theta, forward passes only (the delay's starting scan)."""
+    Js = []
+    with _frozen(model), torch.no_grad():
+        for _, batch, drv in data.chunks(chunk):
+            rows = torch.as_tensor(theta, dtype=torch.float32).expand(drv.shape[0], -1)
+            pa, pi = corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
+            Js.append(objective(model, batch, pa, pi, context, horizon).double().numpy())
+    return float(np.concatenate(Js).mean())
+
+
+def corrected_blocks(data: FitData, theta: np.ndarray, layout: Layout) -> Blocks:
+    """The blocks with their drivers corrected by theta (for re-scoring)."""
+    with torch.no_grad():
+        drv = torch.from_numpy(data.drivers)
+        rows = torch.as_tensor(theta, dtype=torch.float32).expand(drv.shape[0], -1)
+        pa, pi = corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
+    return data.blocks.with_controls(pa.numpy(), pi.numpy())
+
+
+# ----------------------------------------------------------------------------- the box
+def bounds(norm, episodes, layout: Layout, cfg, competence_alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) (p,) of theta: the contiguous range around the identity of each parameter that the
+    model can judge on these episodes (attribution.allowed_corrections on GUARD_POINTS candidates
+    spanning the configured grids; the deadband symmetric about 0), one parameter at a time."""
+    lo, hi = np.zeros(len(layout)), np.zeros(len(layout))
+    astd = np.maximum(norm.std["action"].astype(float), 1e-12)
+    g = np.asarray(cfg.gain_grid, float)
+    o = np.asarray(cfg.offset_grid, float)
+    wmax = float(max(np.abs(cfg.deadband_grid)))
+    cands = {
+        "gain": np.log(np.geomspace(g.min(), g.max(), GUARD_POINTS)),
+        "offset": np.linspace(o.min(), o.max(), GUARD_POINTS),
+        "deadband": np.linspace(-wmax, wmax, GUARD_POINTS),
+    }
+    for i, p in enumerate(layout.params):
+        if p.kind == "delay":
+            lo[i], hi[i] = -layout.max_delay, layout.max_delay
+            continue
+        theta = np.union1d(cands[p.kind], [0.0])  # sorted, with the identity
+        values = np.exp(theta) if p.kind == "gain" else theta
+        unit = 1.0 if p.kind == "gain" else float(astd[p.channel])
+        ok = allowed_corrections(norm, episodes, p.channel, p.kind, values, unit, competence_alpha)
+        j0 = int(np.flatnonzero(theta == 0.0)[0])
+        a = j0
+        while a > 0 and ok[a - 1]:
+            a -= 1
+        b = j0
+        while b < len(theta) - 1 and ok[b + 1]:
+            b += 1
+        lo[i], hi[i] = theta[a], theta[b]
+    return lo, hi
+
+
+# ----------------------------------------------------------------------------- fit
+@dataclass
+class Fit:
+    theta: np.ndarray  # (p,) fitted (the parameters outside `free` stay 0)
+    free: np.ndarray  # (k,) indices fitted
+    J0: float  # mean J at the identity
+    J1: float  # mean J at the fit
+    at_fit: Evaluation
+    evaluations: int
+    at_bound: np.ndarray  # (k,) bool: the estimate sits on the edge of the box the model can judge
+
+
+def fit(
+    model,
+    data: FitData,
+    layout: Layout,
+    free,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    context: int,
+    horizon: int,
+    at_identity: Evaluation | None = None,
+    max_evals: int = MAX_EVALS,
+) -> Fit:
+    """Minimise mean_b J_b(theta) + RIDGE / 2 |theta|^2 over theta[free] inside [lo, hi] (L-BFGS with
+    strong-Wolfe line search on the projected gradient: a coordinate pushing out of the box stops
+    there). J is not convex in the delay over several steps (one step of shift can be a local
+    minimum when the true delay is two), so a free delay starts at the best integer shift of a scan
+    (forward passes only) and is refined from there with the rest."""
+    free = np.asarray(free, int)
+    p = len(layout)
+    cache: dict[bytes, Evaluation] = {}
+    if at_identity is not None:
+        cache[np.zeros(p).tobytes()] = at_identity
+
+    def full(x: np.ndarray) -> np.ndarray:
+        theta = np.zeros(p)
+        theta[free] = np.clip(x, lo[free], hi[free])
+        return theta
+
+    def ev(theta: np.ndarray) -> Evaluation:
+        key = theta.tobytes()
+        if key not in cache:
+            cache[key] = evaluate(model, data, theta, layout, context, horizon)
+        return cache[key]
+
+    x0 = np.zeros(len(free))
+    i_d = layout.index("delay")
+    scans = 0
+    if i_d is not None and i_d in free:
+        best, best_J = 0, float(ev(np.zeros(p)).J.mean()) if at_identity is not None else None
+        for d in range(-layout.max_delay, layout.max_delay + 1):
+            if d == 0 and best_J is not None:
+                continue
+            th = np.zeros(p)
+            th[i_d] = d
+            J = objective_only(model, data, th, layout, context, horizon)
+            scans += 1
+            if best_J is None or J < best_J:
+                best, best_J = d, J
+        x0[list(free).index(i_d)] = best
+    x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [x],
+        lr=1.0,
+        max_iter=max_evals,
+        max_eval=max_evals,
+        history_size=10,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-7,
+        tolerance_change=1e-10,
+    )
+
+    def closure():
+        xv = x.detach().numpy()
+        theta = full(xv)
+        e = ev(theta)
+        g = e.grad.mean(0)[free] + RIDGE * theta[free]
+        # projected gradient: no push past a bound
+        g = np.where(((theta[free] >= hi[free]) & (g < 0)) | ((theta[free] <= lo[free]) & (g > 0)), 0.0, g)
+        x.grad = torch.from_numpy(g)
+        return torch.tensor(float(e.J.mean() + 0.5 * RIDGE * np.sum(theta[free] ** 2)), dtype=torch.float64)
+
+    if len(free):
+        opt.step(closure)
+    theta = full(x.detach().numpy())
+    at_fit = ev(theta)
+    J0 = float(ev(np.zeros(p)).J.mean())
+    tol = 1e-9
+    at_bound = (theta[free] <= lo[free] + tol) & (lo[free] < -tol) | (theta[free] >= hi[free] - tol) & (hi[free] > tol)
+    at_bound |= (lo[free] == 0) & (hi[free] == 0)
+    return Fit(theta, free, J0, float(at_fit.J.mean()), at_fit, len(cache) + scans, at_bound)
+
+
+def cluster_score_cov(grad: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Covariance of the mean score over blocks, with episodes as the clusters: grad (n, k) -> (k, k)."""
+    n = len(grad)
+    _, inv = np.unique(np.asarray(groups), return_inverse=True)
+    E = int(inv.max()) + 1 if n else 0
+    psi = np.zeros((E, grad.shape[1]))
+    np.add.at(psi, inv, grad / n)  # per-episode contribution to the mean score
+    psi -= psi.mean(0, keepdims=True) if E else 0.0
+    return psi.T @ psi * (E / max(E - 1, 1))
+
+
+def hessian(
+    model, data: FitData, layout: Layout, f: Fit, lo, hi, context: int, horizon: int
+) -> tuple[np.ndarray, bool]:
+    """(k, k) Hessian of the mean J at the fit over its free parameters, by forward differences of
+    the mean gradient (k evaluations), symmetrised, plus the ridge; and whether it is positive
+    definite (a minimum; otherwise its eigenvalues are floored, and the interval is approximate)."""
+    k = len(f.free)
+    g0 = f.at_fit.grad.mean(0)[f.free]
+    H = np.zeros((k, k))
+    for col, j in enumerate(f.free):
+        step = FD_STEP if f.theta[j] + FD_STEP <= hi[j] else -FD_STEP
+        th = f.theta.copy()
+        th[j] += step
+        H[:, col] = (evaluate(model, data, th, layout, context, horizon).grad.mean(0)[f.free] - g0) / step
+    H = 0.5 * (H + H.T) + RIDGE * np.eye(k)
+    w, V = np.linalg.eigh(H)
+    ok = bool(w.min() > 0) if k else True
+    floor = max(1e-6, 1e-3 * float(np.abs(w).max()) if k else 1e-6)
+    return (V * np.maximum(w, floor)) @ V.T, ok
+
+
+def sandwich(H: np.ndarray, grad: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Cluster-robust covariance of the fit: H^-1 S H^-1 with S from per-block scores (n, k)."""
+    Hi = np.linalg.inv(H)
+    return Hi @ cluster_score_cov(grad, groups) @ Hi
+
+
+# ----------------------------------------------------------------------------- calibration side
+@dataclass
+class Reference:
+    """The held-out real blocks' side of the fit (calibration): the score test's null and the fit
+    that says what the model itself prefers."""
+
+    scores: np.ndarray  # (m, p) dJ/dtheta per real block at the identity
+    theta: np.ndarray  # (p,) the joint fit of every parameter on the real blocks
+    scores_at_fit: np.ndarray  # (m, p) the real blocks' scores at that fit (its variance)
+    dims: tuple[int, int] = (0, 0)  # (command, exogenous input) channels: the layout
+    max_delay: int = 0
+    evaluations: int = 0
+
+    @property
+    def layout(self) -> Layout:
+        return Layout.of(*self.dims, self.max_delay)
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "sysid/scores": self.scores,
+            "sysid/theta": self.theta,
+            "sysid/scores_at_fit": self.scores_at_fit,
+            "sysid/dims": np.array([*self.dims, self.max_delay]),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays) -> Reference | None:
+        if "sysid/scores" not in arrays:
+            return None
+        A, E, max_delay = (int(v) for v in np.asarray(arrays["sysid/dims"]))
+        return cls(
+            np.asarray(arrays["sysid/scores"]),
+            np.asarray(arrays["sysid/theta"]),
+            np.asarray(arrays["sysid/scores_at_fit"]),
+            (A, E),
+            max_delay,
+        )
+
+
+def reference(model, episodes, blocks: Blocks, norm, cfg) -> Reference:
+    """The Reference of held-out real episodes cut into `blocks`."""
+    layout = Layout.for_normalizer(norm, cfg.max_delay)
+    data = FitData.of(episodes, blocks, norm, layout)
+    ident = evaluate(model, data, np.zeros(len(layout)), layout, cfg.context, ATTRIBUTION_HORIZON)
+    lo, hi = bounds(norm, episodes, layout, cfg, cfg.competence_alpha)
+    f = fit(model, data, layout, np.arange(len(layout)), lo, hi, cfg.context, ATTRIBUTION_HORIZON, ident)
+    return Reference(
+        ident.grad, f.theta, f.at_fit.grad, (layout.n_actions, layout.n_inputs), layout.max_delay, f.evaluations
+    )
+
+
+ATTRIBUTION_HORIZON = 8
+"""Open-loop steps of the objective's rollouts (scoring.attribution_objective's horizon)."""
+
+
+# ----------------------------------------------------------------------------- estimates
+@dataclass
+class Estimate:
+    """One fitted correction in physical units, relative to the real blocks' own fit."""
+
+    param: Param
+    channel: str | None  # command channel name (None for the delay)
+    value: float  # steps (delay), factor (gain), raw units (offset, deadband)
+    interval: tuple[float, float]  # 95 %
+    t: float  # its score test's Welch t (checked vs real)
+    at_bound: bool = False  # at the edge of what the model can judge
+
+
+def physical(p: Param, theta: float, act_std: np.ndarray) -> float:
+    if p.kind == "delay":
+        return float(theta)
+    if p.kind == "gain":
+        return float(np.exp(theta))
+    return float(theta * act_std[p.channel])
+
+
+def identity_value(kind: str) -> float:
+    return 1.0 if kind == "gain" else 0.0
+
+
+@dataclass
+class SysidResult:
+    """What the latency and actuator rows need from the fit."""
+
+    layout: Layout
+    fit: Fit | None  # None when no test fired
+    estimates: list[Estimate] = field(default_factory=list)
+    correlation: np.ndarray | None = None  # (k, k) of the fitted parameters' estimates
+    confounded: list[tuple[str, str, float]] = field(default_factory=list)
+    curvature_ok: bool = True
+    evaluations: int = 0
+
+
+def estimates(
+    result_fit: Fit, layout: Layout, cov: np.ndarray, ref: Reference, H: np.ndarray, real_groups, names, act_std, t_of
+) -> tuple[list[Estimate], np.ndarray, list[tuple[str, str, float]]]:
+    """Estimates relative to the real reference, 95 % intervals (the checked sandwich plus the real
+    fit's, the latter with the checked Hessian), correlations and the confounded pairs."""
+    free = result_fit.free
+    cov_real = sandwich(H, ref.scores_at_fit[:, free], real_groups)
+    total = cov + cov_real
+    sd = np.sqrt(np.maximum(np.diag(total), 0.0))
+    corr = total / np.maximum(np.outer(sd, sd), 1e-300)
+    out = []
+    for i, j in enumerate(free):
+        p = layout.params[j]
+        rel = result_fit.theta[j] - ref.theta[j]
+        lo, hi = rel - 1.96 * sd[i], rel + 1.96 * sd[i]
+        out.append(
+            Estimate(
+                p,
+                None if p.channel is None else names[p.channel],
+                physical(p, rel, act_std),
+                (physical(p, lo, act_std), physical(p, hi, act_std)),
+                float(t_of(j)),
+                bool(result_fit.at_bound[i]),
+            )
+        )
+    labels = [label(e) for e in out]
+    pairs = [
+        (labels[a], labels[b], float(corr[a, b]))
+        for a in range(len(out))
+        for b in range(a + 1, len(out))
+        if abs(corr[a, b]) >= CONFOUNDED
+    ]
+    return out, corr, pairs
+
+
+def label(e: Estimate) -> str:
+    return "delay" if e.param.kind == "delay" else f"{e.param.kind} on {e.channel}"
+
+
+# ----------------------------------------------------------------------------- detection
+def score_test(
+    checked: np.ndarray,
+    groups: np.ndarray,
+    real: np.ndarray,
+    real_groups: np.ndarray,
+    cols: np.ndarray,
+    level: float,
+    rng: np.random.Generator,
+    boot_idx=None,
+    twin: np.ndarray | None = None,
+    permutations: int | None = None,
+):
+    """The score test of the module docstring on per-block scores checked (n, p) / real (m, p),
+    over the parameters `cols`; paired when `twin` (n,) gives every checked block's real twin.
+    Returns a bias.BiasTest whose cells are the parameters."""
+    from wmcheck.checks import bias as ob
+
+    kw = {} if permutations is None else {"permutations": permutations}
+    x = checked[:, cols]
+    if twin is not None and len(twin) and (np.asarray(twin) >= 0).all():
+        return ob.paired_bias_test(x - real[np.asarray(twin)][:, cols], groups, level, rng, boot_idx, **kw)
+    return ob.bias_test(x, groups, real[:, cols], real_groups, level, rng, boot_idx, **kw)

@@ -1,0 +1,158 @@
+"""The corrections' fit (checks/sysid.py): the differentiable layer is the numpy transforms, its
+derivatives are the ones the score test needs, and the sandwich interval covers at its level."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from wmcheck.checks import sysid
+from wmcheck.checks.blocks import make_blocks
+from wmcheck.checks.transforms import actuator, shift_drivers
+from wmcheck.datasets.episode import Episode
+from wmcheck.datasets.normalize import Normalizer
+
+
+def _episodes(n_eps: int = 3, n: int = 120, seed: int = 0) -> list[Episode]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n_eps):
+        t = np.arange(n)
+        out.append(
+            Episode(
+                observations=rng.normal(size=(n + 1, 2)).astype(np.float32),
+                actions=np.stack([np.sin(t / 7.0 + i) * 2, rng.normal(size=n)], 1).astype(np.float32),
+                inputs=(np.cos(t / 11.0) * 3 + i).astype(np.float32)[:, None],
+                id=i,
+            )
+        )
+    return out
+
+
+def _setup(max_delay: int = 3):
+    eps = _episodes()
+    norm = Normalizer.fit(eps)
+    blocks = make_blocks(eps, norm, 8, 24)
+    layout = sysid.Layout.for_normalizer(norm, max_delay)
+    return eps, norm, blocks, layout, sysid.FitData.of(eps, blocks, norm, layout)
+
+
+def _controls(data, layout, theta):
+    drv = torch.from_numpy(data.drivers)
+    rows = torch.as_tensor(np.asarray(theta, float), dtype=torch.float32).expand(drv.shape[0], -1)
+    pa, pi = sysid.corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
+    return pa.numpy(), pi.numpy()
+
+
+def test_layout_has_one_delay_and_three_parameters_per_command():
+    _, _, _, layout, _ = _setup()
+    assert [p.kind for p in layout.params] == ["delay"] + ["gain", "offset", "deadband"] * 2
+    assert list(layout.columns("latency")) == [0] and list(layout.columns("actuator")) == list(range(1, 7))
+
+
+def test_identity_reproduces_the_blocks_controls():
+    _, _, blocks, layout, data = _setup()
+    pa, pi = _controls(data, layout, np.zeros(len(layout)))
+    assert np.allclose(pa, blocks.batch.prev_action, atol=1e-5) and np.allclose(pi, blocks.batch.prev_input, atol=1e-5)
+    assert (pa[:, 0] == 0).all() and (pi[:, 0] == 0).all()  # every block starts from the initial state
+
+
+@pytest.mark.parametrize("d", [-3, -1, 2, 3])
+def test_an_integer_delay_is_shift_drivers(d):
+    eps, norm, _, layout, data = _setup()
+    theta = np.zeros(len(layout))
+    theta[0] = d
+    pa, pi = _controls(data, layout, theta)
+    ref = make_blocks([shift_drivers(e, d) for e in eps], norm, 8, 24)
+    assert np.allclose(pa, ref.batch.prev_action, atol=1e-5) and np.allclose(pi, ref.batch.prev_input, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kind,value", [("gain", 0.5), ("gain", 1.7), ("offset", -0.4), ("deadband", 0.6), ("deadband", -0.3)]
+)
+def test_actuator_parameters_are_the_numpy_transforms(kind, value):
+    eps, norm, _, layout, data = _setup()
+    c = 0
+    std = float(norm.std["action"][c])
+    theta = np.zeros(len(layout))
+    theta[layout.index(kind, c)] = np.log(value) if kind == "gain" else value
+    pa, _ = _controls(data, layout, theta)
+    kw = {"gain": dict(gain=value), "offset": dict(offset=value * std), "deadband": dict(band=value * std)}[kind]
+    ref = make_blocks([actuator(e, c, **kw) for e in eps], norm, 8, 24)
+    assert np.allclose(pa, ref.batch.prev_action, atol=1e-4), np.abs(pa - ref.batch.prev_action).max()
+
+
+def test_fractional_delay_interpolates_and_its_derivative_at_zero_is_the_central_difference():
+    eps, norm, blocks, layout, data = _setup()
+    drv = torch.from_numpy(data.drivers)
+    rows = torch.zeros(drv.shape[0], len(layout), requires_grad=True)
+    pa, pi = sysid.corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
+    (g,) = torch.autograd.grad(pi[:, 1:, 0].sum(), rows)
+    # d u(t + d) / dd at d = 0 is (u[t+1] - u[t-1]) / 2 with Catmull-Rom
+    M = layout.margin
+    central = (data.drivers[:, 1:, M + 1, 2] - data.drivers[:, 1:, M - 1, 2]) / 2
+    assert np.allclose(g[:, 0].numpy(), central.sum(1), rtol=1e-4, atol=1e-4)
+    # halfway between two integer delays the interpolation lies between their shifts
+    half = np.zeros(len(layout))
+    half[0] = 1.5
+    _, p15 = _controls(data, layout, half)
+    lo, hi = (_controls(data, layout, np.eye(len(layout))[0] * k)[1] for k in (1, 2))
+    inner = slice(4, -4)
+    mid = 0.5 * (lo + hi)
+    assert np.abs(p15 - mid)[:, inner].max() < 0.05 * np.abs(hi - lo)[:, inner].max() + 0.02
+
+
+def test_score_test_is_paired_with_twins_and_unpaired_otherwise():
+    rng = np.random.default_rng(0)
+    real = rng.normal(size=(40, 3))
+    groups = np.repeat(np.arange(10), 4)
+    checked = real + np.array([0.0, 2.0, 0.0]) + 0.3 * rng.normal(size=real.shape)  # the second score moved
+    t_unpaired = sysid.score_test(checked, groups, real, groups, np.array([0, 1, 2]), 0.05, rng)
+    t_paired = sysid.score_test(checked, groups, real, groups, np.array([0, 1, 2]), 0.05, rng, twin=np.arange(40))
+    assert not t_unpaired.paired and t_paired.paired
+    assert t_unpaired.evidence >= 1 and t_paired.evidence >= 1
+    assert np.argmax(np.abs(t_unpaired.t)) == 1
+
+
+def test_score_test_holds_its_level_under_no_gap():
+    """Faithful data: the checked scores are draws of the real ones' distribution (different
+    episode counts): false alarms at most alpha + sampling error."""
+    rng = np.random.default_rng(1)
+    fires = 0
+    reps = 200
+    for _ in range(reps):
+        real = rng.normal(size=(48, 4)) + rng.normal(size=(12, 1)).repeat(4, 0)  # episode effects
+        checked = rng.normal(size=(20, 4)) + rng.normal(size=(5, 1)).repeat(4, 0)
+        t = sysid.score_test(
+            checked,
+            np.repeat(np.arange(5), 4),
+            real,
+            np.repeat(np.arange(12), 4),
+            np.arange(4),
+            0.05,
+            rng,
+            permutations=199,
+        )
+        fires += t.evidence >= 1
+    assert fires / reps <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / reps), fires
+
+
+def test_sandwich_interval_covers_with_clustered_blocks():
+    """J_b(theta) = (theta - x_b)^2 / 2 with x correlated within episodes: the fit is the mean of x,
+    H = 1, and the cluster-robust sandwich must cover the truth at ~95 %; treating the blocks as
+    independent (the wrong variance) under-covers, so this test fails for that method."""
+    rng = np.random.default_rng(2)
+    cover, naive = 0, 0
+    reps, E, k = 400, 12, 6
+    for _ in range(reps):
+        x = (rng.normal(size=(E, 1)) + 0.3 * rng.normal(size=(E, k))).ravel()  # truth 0
+        groups = np.repeat(np.arange(E), k)
+        theta = x.mean()
+        grad = (theta - x)[:, None]  # (n, 1) scores at the fit
+        cov = sysid.sandwich(np.eye(1), grad, groups)
+        se = np.sqrt(cov[0, 0])
+        cover += abs(theta) <= 1.96 * se
+        naive += abs(theta) <= 1.96 * x.std(ddof=1) / np.sqrt(len(x))
+    assert 0.9 <= cover / reps <= 0.98, cover / reps
+    assert naive / reps < 0.8, naive / reps
