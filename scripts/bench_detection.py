@@ -254,9 +254,11 @@ def estimate_error(gap: str, size: float, est: dict | None) -> dict | None:
     gives no estimate in units of the injected change: sensor noise ratios and dynamics)."""
     if not est:
         return None
+    if gap == "latency" and est.get("steps") is None:  # the fit estimates only when its test fires
+        return {"truth": -int(size), "estimate": None, "abs_error": None}
     if gap == "latency":  # the simulator responds `size` steps later: the correction shifts by -size
         return {"truth": -int(size), "estimate": est["steps"], "abs_error": abs(est["steps"] + int(size))}
-    if gap == "actuator" and est.get("kind") == "gain":  # commands must be scaled by 1/size to match reality
+    if gap == "actuator" and est.get("kind") == "gain" and est.get("value") is not None:  # commands must be scaled by 1/size to match reality
         truth = 1.0 / size
         return {
             "truth": truth,
@@ -725,6 +727,13 @@ def main(argv: list[str] | None = None) -> int:
         help="fixed: the config's training budget (default); defaults: `wmcheck train`'s defaults "
         "(early stopping, best checkpoint)",
     )
+    p.add_argument(
+        "--attribution",
+        choices=("fit", "grid"),
+        default="fit",
+        help="latency / actuator attribution the runs are calibrated for: the corrections' fit (default) or the "
+        "former grid searches (CheckConfig.attribution)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny logs and model, one size per gap: a smoke test")
     p.add_argument("--reuse", action="store_true", help="keep OUT/work logs and calibrated runs (not retrained)")
     p.add_argument("--out", default="bench-results")
@@ -737,6 +746,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--device {args.device}: no CUDA device here; use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
+    global CHECK_CONFIG
+    CHECK_CONFIG = dataclasses.replace(CHECK_CONFIG, attribution=args.attribution)  # what calibrate stores
     specs = dict(CONFIGS[args.config])
     if args.systems:
         names = [s.strip() for s in args.systems.split(",") if s.strip()]
