@@ -67,7 +67,7 @@ class CheckConfig:
     attribution: str = "fit"
     """How latency and actuator gaps are found: "fit" (checks/sysid.py: the corrections' score test
     and one joint differentiable fit, the default) or "grid" (the grid searches of attribution.py,
-    kept for one release as a fallback; the grids above also bound the fit's box)."""
+    kept for one release as a fallback; the gain, offset and deadband grids also bound the fit's box)."""
 
     def __post_init__(self) -> None:
         for name in ("gain_grid", "offset_grid", "deadband_grid"):

@@ -208,8 +208,11 @@ class FitDetail:
 
 
 def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence, Blocks, list[str]]:
-    """The corrections' score tests, then one joint fit of the parameters of the tests that fired
-    (sysid.py); the blocks with the fitted corrections applied."""
+    """The corrections' score tests and fit (sysid.py), in order: the latency test at the identity;
+    when it fires, the delay's fit, and the actuator test on the scores where that fit leaves the
+    data (a large delay moves the gain's score too); when the actuator test fires, the joint fit of
+    the delay and every parameter of the channels with a significant score, from the delay found.
+    Returns both rows and the blocks with the fitted corrections applied."""
     cfg, norm, cal = ctx.cal.config, ctx.norm, ctx.cal
     layout = sysid.Layout.for_normalizer(norm, cfg.max_delay)
     none = ("no command or exogenous input channels to be late against", "no command channels")
@@ -231,27 +234,43 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
     ident = sysid.evaluate(ctx.model, data, np.zeros(len(layout)), layout, cfg.context, H_)
     groups = ctx.blocks.episode[ctx.comp_idx]
     twin = None if ctx.twin is None else ctx.twin[ctx.comp_idx]
-    tests = {}
-    for gap in ("latency", "actuator"):
+    lo, hi = sysid.bounds(norm, ctx.episodes, layout, cfg, cfg.competence_alpha)
+
+    def test(gap: str, scores: np.ndarray):
         cols = layout.columns(gap)
-        if len(cols):
-            tests[gap] = sysid.score_test(
-                ident.grad, groups, cal.sysid.scores, cal.real_episode, cols, ctx.level, ctx.rng, boot_idx, twin
-            )
+        if not len(cols):
+            return None
+        return sysid.score_test(
+            scores, groups, cal.sysid.scores, cal.real_episode, cols, ctx.level, ctx.rng, boot_idx, twin
+        )
+
+    def fit(free, start=None):
+        return sysid.fit(ctx.model, data, layout, free, lo, hi, cfg.context, H_, ident, start=start)
+
+    # In order, as a delay looks partly like a weaker gain: the actuator scores are taken where the
+    # delay's fit leaves the data (its last evaluation has every parameter's gradient).
+    tests = {"latency": test("latency", ident.grad)}
+    f, act_scores, evaluations = None, ident.grad, 1
+    if tests["latency"] is not None and tests["latency"].evidence >= 1.0:
+        f = fit(list(layout.columns("latency")))
+        act_scores, evaluations = f.at_fit.grad, evaluations + f.evaluations
+    tests["actuator"] = test("actuator", act_scores)
+    tests = {g: t for g, t in tests.items() if t is not None}
     fired = {g for g, t in tests.items() if t.evidence >= 1.0}
-    free = list(layout.columns("latency")) if "latency" in fired else []
     if "actuator" in fired:
         cols = layout.columns("actuator")
         channels = sorted({layout.params[j].channel for j, s in zip(cols, tests["actuator"].significant) if s})
-        free += [j for c in channels for j in layout.channel_columns(c)]
-    lo, hi = sysid.bounds(norm, ctx.episodes, layout, cfg, cfg.competence_alpha)
+        free = (list(layout.columns("latency")) if "latency" in fired else []) + [
+            j for c in channels for j in layout.channel_columns(c)
+        ]
+        f = fit(free, start=None if f is None else f.theta)
+        evaluations += f.evaluations
     astd = norm.std["action"].astype(float)
     names = list(norm.names["action"])
     result = sysid.SysidResult(layout, None, evaluations=1)
     applied: list[str] = []
     blocks = ctx.blocks
-    if free:
-        f = sysid.fit(ctx.model, data, layout, free, lo, hi, cfg.context, H_, ident)
+    if f is not None:
         H, ok = sysid.hessian(ctx.model, data, layout, f, lo, hi, cfg.context, H_)
         cov = sysid.sandwich(H, f.at_fit.grad[:, f.free], groups)
 
@@ -263,7 +282,7 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
             return 0.0
 
         est, corr, pairs = sysid.estimates(f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of)
-        result = sysid.SysidResult(layout, f, est, corr, pairs, ok, 1 + f.evaluations + len(f.free))
+        result = sysid.SysidResult(layout, f, est, corr, pairs, ok, evaluations + len(f.free))
         blocks = sysid.corrected_blocks(data_all, f.theta, layout)
         applied = [
             f"delay {e.value:+.2f} steps" if e.param.kind == "delay" else f"{e.param.kind} {e.value:.3g} on {e.channel}"

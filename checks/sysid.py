@@ -35,9 +35,11 @@ two-sample form: its threshold does not depend on how many episodes are checked,
 parameters are not over-corrected. Latency (the delay) and actuator (every command parameter)
 are two tests.
 
-Estimation (`fit`). The parameters of the tests that fired (the delay; all three of every command
-channel with a significant score) are fitted jointly, since a delay and a weak gain mimic each
-other: L-BFGS on the blocks' mean J plus a weak ridge toward the identity, projected onto the box
+Estimation (`fit`; the order is gap_tests.fit_corrections'). When the latency test fires the delay
+is fitted, and the actuator test reads the scores where that fit leaves the data (a delay of three
+steps moves the gain's score as well). The parameters of the tests that fired (the delay; all three
+of every command channel with a significant score) are then fitted jointly, since a delay and a
+weak gain mimic each other: L-BFGS on the blocks' mean J plus a weak ridge toward the identity, projected onto the box
 the model can judge (`bounds`: corrections that move no more commands outside the training logs'
 range than the identity does, or competence_alpha of them; attribution.allowed_corrections' rule).
 The estimate is relative to the same fit on the held-out real blocks (calibration: the model's own
@@ -394,12 +396,14 @@ def fit(
     horizon: int,
     at_identity: Evaluation | None = None,
     max_evals: int = MAX_EVALS,
+    start: np.ndarray | None = None,
 ) -> Fit:
     """Minimise mean_b J_b(theta) + RIDGE / 2 |theta|^2 over theta[free] inside [lo, hi] (L-BFGS with
     strong-Wolfe line search on the projected gradient: a coordinate pushing out of the box stops
     there). J is not convex in the delay over several steps (one step of shift can be a local
     minimum when the true delay is two), so a free delay starts at the best integer shift of a scan
-    (forward passes only) and is refined from there with the rest."""
+    (forward passes only) and is refined from there with the rest; `start` (p,) replaces the scan
+    (a fit that continues from an earlier one)."""
     free = np.asarray(free, int)
     p = len(layout)
     cache: dict[bytes, Evaluation] = {}
@@ -417,10 +421,10 @@ def fit(
             cache[key] = evaluate(model, data, theta, layout, context, horizon)
         return cache[key]
 
-    x0 = np.zeros(len(free))
+    x0 = np.zeros(len(free)) if start is None else np.clip(np.asarray(start, float)[free], lo[free], hi[free])
     i_d = layout.index("delay")
     scans = 0
-    if i_d is not None and i_d in free:
+    if start is None and i_d is not None and i_d in free:
         best, best_J = 0, float(ev(np.zeros(p)).J.mean()) if at_identity is not None else None
         for d in range(-layout.max_delay, layout.max_delay + 1):
             if d == 0 and best_J is not None:

@@ -17,8 +17,15 @@ by wrapping the functions `run_check` calls:
   other        the rest (loading the run, policy-free bookkeeping)
 Start-up is measured apart: `wmcheck --help` and `wmcheck validate` in a fresh interpreter.
 
+`--attribution fit grid` calibrates the same trained model once per latency / actuator attribution
+(the corrections' fit, sysid.py, and the former grid searches) and runs every check under both, in
+the same run; `--gapped` also checks a simulator with an actuator gap (every command x 0.5 of
+reality's), where the fit runs (on a faithful simulator only its score tests do). The markdown
+then gives the grid / fit ratio of the attribution stage and of the whole check.
+
     .venv/bin/python scripts/bench_check.py --threads 1                       # Pendulum, 8 and 64 episodes
     .venv/bin/python scripts/bench_check.py --systems pendulum halfcheetah --episodes 8 64 1000
+    .venv/bin/python scripts/bench_check.py --systems halfcheetah --episodes 8 --attribution fit grid --gapped
 
 Writes OUT/bench_check.json and OUT/bench_check.md (atomically).
 """
@@ -26,6 +33,7 @@ Writes OUT/bench_check.json and OUT/bench_check.md (atomically).
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import time
@@ -37,6 +45,7 @@ import torch
 from wmcheck.checks import check as check_module
 from wmcheck.checks.calibration import calibrate
 from wmcheck.checks.check import run_check
+from wmcheck.checks.config import CheckConfig
 from wmcheck.checks.reality import RealityProfile, record_reality
 from wmcheck.checks.report_write import write_outputs
 from wmcheck.datasets.episode import LogMeta
@@ -95,7 +104,10 @@ def startup_seconds(log: Path, reps: int = 3) -> dict[str, float]:
     return out
 
 
-def prepare(name: str, work: Path, real_episodes: int, steps: int, seed: int) -> tuple[Path, LogMeta, dict]:
+def prepare(
+    name: str, work: Path, real_episodes: int, steps: int, seed: int, modes=("fit",)
+) -> tuple[dict[str, Path], LogMeta, dict]:
+    """Train once, then calibrate a copy of the run per attribution mode: ({mode: run}, meta, timings)."""
     spec = SYSTEMS[name]
     work.mkdir(parents=True, exist_ok=True)
     eps = record_reality(spec["env"], RealityProfile(), "hold:5", episodes=real_episodes, max_steps=200, seed=seed)
@@ -111,16 +123,34 @@ def prepare(name: str, work: Path, real_episodes: int, steps: int, seed: int) ->
     cfg = TrainConfig(preset=spec["preset"], max_steps=steps, lr=1e-3, warmup=min(100, steps), progress_bar=False)
     train(work / "real.h5", work / "run", build_run_config(cfg))
     t_train = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    calibrate(work / "run", work / "real.h5", verbose=False)
-    return work / "run", meta, {"train_s": t_train, "calibrate_s": time.perf_counter() - t0, "train_steps": steps}
+    runs, cal_s = {}, {}
+    for mode in modes:
+        runs[mode] = work / f"run-{mode}"
+        if runs[mode].exists():
+            shutil.rmtree(runs[mode])
+        shutil.copytree(work / "run", runs[mode])
+        t0 = time.perf_counter()
+        calibrate(runs[mode], work / "real.h5", CheckConfig(attribution=mode), verbose=False)
+        cal_s[mode] = time.perf_counter() - t0
+    return runs, meta, {"train_s": t_train, "calibrate_s": cal_s, "train_steps": steps}
+
+
+GAPPED = RealityProfile(actuator_gain=0.5)  # --gapped: every command acts half as strongly as reality's
 
 
 def time_check(
-    run: Path, meta: LogMeta, work: Path, env: str, n: int, seed: int, tensorboard: bool, tag: str = ""
+    run: Path,
+    meta: LogMeta,
+    work: Path,
+    env: str,
+    n: int,
+    seed: int,
+    tensorboard: bool,
+    tag: str = "",
+    profile: RealityProfile | None = None,
 ) -> dict:
-    eps = record_reality(env, RealityProfile(), "hold:5", episodes=n, max_steps=200, seed=seed)
-    sim = work / f"sim-{n}.h5"
+    eps = record_reality(env, profile or RealityProfile(), "hold:5", episodes=n, max_steps=200, seed=seed)
+    sim = work / f"sim-{n}{tag}.h5"
     write_log(sim, eps, LogMeta(**{**meta.__dict__, "source": "sim"}))
     steps = sum(e.num_steps for e in eps)
     totals: dict[str, float] = {}
@@ -137,6 +167,7 @@ def time_check(
         "steps": steps,
         "blocks": report["summary"]["blocks"],
         "verdict": report["verdict"],
+        "top_gap": report["summary"]["top_gap"],
         "seconds": t2 - t0,
         "steps_per_second": steps / (t2 - t0),
         "stages": {k: round(v, 3) for k, v in totals.items()},
@@ -148,20 +179,25 @@ def run(args) -> dict:
     for name in args.systems:
         spec = SYSTEMS[name]
         work = args.out / "work" / name
-        print(f"[{name}] training {args.train_steps} steps and calibrating", flush=True)
-        run_dir, meta, prep = prepare(name, work, args.real_episodes, args.train_steps, args.seed)
+        print(f"[{name}] training {args.train_steps} steps and calibrating ({', '.join(args.attribution)})", flush=True)
+        runs, meta, prep = prepare(name, work, args.real_episodes, args.train_steps, args.seed, args.attribution)
         startup = startup_seconds(work / "real.h5")
         checks = []
+        kinds = {"faithful": None, **({"actuator 0.5": GAPPED} if args.gapped else {})}
         for n in args.episodes:
-            for rep in range(2):  # the first check of a size computes the power table, the second reads it
-                c = time_check(run_dir, meta, work, spec["env"], n, 10_000 + n, args.tensorboard, f"-{rep}")
-                c["power_cached"] = rep == 1
-                checks.append(c)
-                print(
-                    f"[{name}] {n} episodes ({'power cached' if rep else 'first check'}): {c['seconds']:.1f} s, "
-                    f"{c['steps_per_second']:.0f} steps/s, {c['stages']}",
-                    flush=True,
-                )
+            for kind, profile in kinds.items():
+                for mode, run_dir in runs.items():
+                    for rep in range(2):  # the first check of a size computes the power table, the second reads it
+                        tag = f"-{mode}-{kind.split()[0]}-{rep}"
+                        c = time_check(run_dir, meta, work, spec["env"], n, 10_000 + n, args.tensorboard, tag, profile)
+                        c.update(power_cached=rep == 1, attribution=mode, simulator=kind)
+                        checks.append(c)
+                        print(
+                            f"[{name}] {n} episodes, {kind}, {mode} ({'power cached' if rep else 'first check'}): "
+                            f"{c['seconds']:.1f} s, {c['steps_per_second']:.0f} steps/s, {c['verdict']} "
+                            f"top {c['top_gap']}, {c['stages']}",
+                            flush=True,
+                        )
         results.append(
             {
                 "system": name,
@@ -191,15 +227,19 @@ def markdown(res: dict, info: dict) -> str:
             "",
             f"Start-up: `wmcheck --help` {s['startup_s']['help']:.2f} s, `wmcheck validate` "
             f"{s['startup_s']['validate']:.2f} s (medians of 3). Training {s['train_steps']} steps "
-            f"{s['train_s']:.0f} s (timing only), calibration {s['calibrate_s']:.0f} s.",
+            f"{s['train_s']:.0f} s (timing only), calibration "
+            + ", ".join(f"{v:.0f} s ({m})" for m, v in s["calibrate_s"].items())
+            + ".",
             "",
-            "| episodes | steps | power | total (s) | steps/s | scoring | attribution | power table | statistics | report | other |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| episodes | simulator | attribution | verdict (top gap) | steps | power | total (s) | steps/s | scoring "
+            "| attribution | power table | statistics | report | other |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in s["checks"]:
             st = c["stages"]
             lines.append(
-                f"| {c['episodes']} | {c['steps']} | {'cached' if c['power_cached'] else 'computed'} | "
+                f"| {c['episodes']} | {c['simulator']} | {c['attribution']} | {c['verdict']} ({c['top_gap']}) | "
+                f"{c['steps']} | {'cached' if c['power_cached'] else 'computed'} | "
                 f"{c['seconds']:.1f} | {c['steps_per_second']:.0f} | "
                 + " | ".join(
                     f"{st.get(k, 0.0):.1f}"
@@ -207,8 +247,32 @@ def markdown(res: dict, info: dict) -> str:
                 )
                 + " |"
             )
-        lines.append("")
+        lines += [""] + ratio_lines(s) + [""]
     return "\n".join(lines) + "\n"
+
+
+def ratio_lines(s: dict) -> list[str]:
+    """grid / fit time ratios of the attribution stage and of the whole check, per size and
+    simulator, on the checks that read the power table (its cost is not attribution's)."""
+    cached = [c for c in s["checks"] if c["power_cached"]]
+    by = {(c["episodes"], c["simulator"], c["attribution"]): c for c in cached}
+    out = []
+    for (n, kind, mode), c in by.items():
+        g = by.get((n, kind, "grid"))
+        if mode != "fit" or g is None:
+            continue
+        att = g["stages"].get("attribution", 0.0) / max(c["stages"].get("attribution", 0.0), 1e-9)
+        out.append(
+            f"- {n} episodes, {kind}: attribution grid / fit = {att:.1f}x "
+            f"({g['stages'].get('attribution', 0.0):.1f} s / {c['stages'].get('attribution', 0.0):.1f} s); "
+            f"whole check {g['seconds'] / c['seconds']:.1f}x ({g['seconds']:.1f} s / {c['seconds']:.1f} s)"
+        )
+    cal = s["calibrate_s"]
+    if "fit" in cal and "grid" in cal:
+        out.append(
+            f"- calibration grid / fit = {cal['grid'] / cal['fit']:.1f}x ({cal['grid']:.0f} s / {cal['fit']:.0f} s)"
+        )
+    return out
 
 
 def main(argv=None) -> int:
@@ -219,6 +283,8 @@ def main(argv=None) -> int:
     ap.add_argument("--train-steps", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--attribution", nargs="+", default=["fit"], choices=("fit", "grid"))
+    ap.add_argument("--gapped", action="store_true", help="also check a simulator with an actuator gap (gain 0.5)")
     ap.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args(argv)

@@ -258,7 +258,9 @@ def estimate_error(gap: str, size: float, est: dict | None) -> dict | None:
         return {"truth": -int(size), "estimate": None, "abs_error": None}
     if gap == "latency":  # the simulator responds `size` steps later: the correction shifts by -size
         return {"truth": -int(size), "estimate": est["steps"], "abs_error": abs(est["steps"] + int(size))}
-    if gap == "actuator" and est.get("kind") == "gain" and est.get("value") is not None:  # commands must be scaled by 1/size to match reality
+    if (
+        gap == "actuator" and est.get("kind") == "gain" and est.get("value") is not None
+    ):  # commands must be scaled by 1/size to match reality
         truth = 1.0 / size
         return {
             "truth": truth,

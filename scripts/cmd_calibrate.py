@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-CHECK_OPTIONS = ["alpha", "context", "horizon", "max_delay"]
+CHECK_OPTIONS = ["alpha", "context", "horizon", "max_delay", "attribution"]
 """The CheckConfig fields `calibrate` and `train` expose (defaults and help from the dataclass)."""
 
 

@@ -95,6 +95,11 @@ def train_and_calibrate(tmp, real_log, steps: int):
 
 
 @pytest.fixture(scope="session")
+def light_config():
+    return light_check_config()
+
+
+@pytest.fixture(scope="session")
 def check_trainer():
     return train_and_calibrate
 

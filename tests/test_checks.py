@@ -159,6 +159,31 @@ def test_latency_gap_detected_and_estimated(latency_report):
     assert report["summary"]["score"] > 0.8
 
 
+def test_latency_fit_reports_an_interval_that_covers_the_truth(latency_report):
+    """The corrections' fit (sysid.py): a fractional delay with a sandwich interval, and the score
+    test's words."""
+    report, _ = latency_report
+    row = report["gaps"]["latency"]
+    assert row["estimate"]["method"] == "fit" and row["ci"][0] <= -2 <= row["ci"][1], row
+    assert "Welch t" in row["explanation"] and "joint fit" in row["explanation"], row["explanation"]
+
+
+def test_grid_attribution_fallback_still_finds_the_latency(pendulum, latency_report, light_config, tmp_path):
+    """`attribution: grid` (one release): the same model calibrated for the former grid searches."""
+    from dataclasses import replace
+
+    from wmcheck.checks.calibration import calibrate
+
+    run, meta, tmp = pendulum
+    grid_run = tmp_path / "run-grid"
+    shutil.copytree(run, grid_run)
+    calibrate(grid_run, tmp / "real.h5", replace(light_config, attribution="grid"), verbose=False)
+    report = run_check(grid_run, latency_report[1])
+    assert report["summary"]["top_gap"] == "latency", report["gaps"]
+    est = report["gaps"]["latency"]["estimate"]
+    assert "method" not in est and -3 <= est["steps"] <= -1, est
+
+
 def test_sensor_noise_gap_detected(pendulum):
     run, meta, tmp = pendulum
     report = run_check(run, _sim(tmp, meta, "noise", RealityProfile(sensor_noise_std=[0.1, 0.1, 0.5], seed=3)))
