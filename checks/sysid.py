@@ -125,6 +125,7 @@ class FitData:
     drivers: np.ndarray  # (n, L, 2M + 1, A + E): driver of column j at offset k - M (prev-aligned)
     act_mean: np.ndarray  # (A,) raw units
     act_std: np.ndarray  # (A,)
+    _tokens: dict = field(default_factory=dict, repr=False)  # (model id, chunk) -> encoder outputs per chunk
 
     @classmethod
     def of(cls, episodes, blocks: Blocks, norm, layout: Layout) -> FitData:
@@ -159,9 +160,17 @@ class FitData:
     def __len__(self) -> int:
         return len(self.blocks)
 
-    def chunks(self, chunk: int):
-        for sl, batch in self.blocks.torch_chunks(chunk):
-            yield sl, batch, torch.from_numpy(self.drivers[sl])
+    def chunks(self, chunk: int, model=None):
+        """(slice, torch batch, drivers, encoder tokens or None) per chunk. The observations'
+        encoding does not depend on the corrections, so with `model` it is computed once per
+        FitData and reused by every evaluation (the image encoder of a pixel model is the costly part)."""
+        key = (id(model), chunk)
+        if model is not None and key not in self._tokens:
+            with torch.no_grad():
+                self._tokens[key] = [_tokens(model, b) for _, b in self.blocks.torch_chunks(chunk)]
+        cached = self._tokens.get(key) if model is not None else None
+        for i, (sl, batch) in enumerate(self.blocks.torch_chunks(chunk)):
+            yield sl, batch, torch.from_numpy(self.drivers[sl]), (None if cached is None else cached[i])
 
 
 def _catmull_rom(s: torch.Tensor) -> torch.Tensor:
@@ -211,16 +220,22 @@ def _gauss_nll(y, mean, log_std):
     return 0.5 * ((y - mean) * torch.exp(-log_std)).pow(2) + log_std
 
 
-def _soft_observe(model, seq):
+def _tokens(model, seq) -> torch.Tensor:
+    """The encoder's tokens of a sequence's observations (n, L, F), as model.observe computes them."""
+    tokens = model.encoder(seq.obs.float())  # (n, L, units)
+    if model.image_encoder is not None:
+        tokens = torch.cat([tokens, model.image_encoder(seq.images)], -1)
+    return tokens
+
+
+def _soft_observe(model, seq, tokens: torch.Tensor | None = None):
     """The posterior filter of model.observe with each latent's probabilities in place of its one-hot
     mode (the straight-through mode is piecewise constant in the controls, so J would jump where a
     mode flips and no line search or finite difference could use it): states (n, L, ...)."""
     from wmcheck.worldmodel.rssm import State
 
     rssm = model.rssm
-    tokens = model.encoder(seq.obs.float())  # (n, L, units)
-    if model.image_encoder is not None:
-        tokens = torch.cat([tokens, model.image_encoder(seq.images)], -1)
+    tokens = _tokens(model, seq) if tokens is None else tokens
     ctrl = torch.cat([seq.prev_action, seq.prev_input], -1).float()  # (n, L, U)
     first = seq.is_first.bool()
     state = rssm.initial(tokens.shape[0], tokens.device)
@@ -255,14 +270,16 @@ def _soft_imagine(model, state, ctrl):
     return State(torch.stack(deters, 1), torch.stack(stochs, 1))
 
 
-def objective(model, batch, prev_action, prev_input, context: int, horizon: int) -> torch.Tensor:
+def objective(
+    model, batch, prev_action, prev_input, context: int, horizon: int, tokens: torch.Tensor | None = None
+) -> torch.Tensor:
     """J per block (n,) of the module docstring, smooth and differentiable in the controls (latent
     probabilities instead of modes: `_soft_observe`)."""
     from wmcheck.worldmodel.rssm import State
 
     seq = copy.copy(batch)
     seq.prev_action, seq.prev_input = prev_action.float(), prev_input.float()
-    post = _soft_observe(model, seq)  # (n, L, ...)
+    post = _soft_observe(model, seq, tokens)  # (n, L, ...)
     mean, log_std = model.decode(State(post.deter, _soft_prior(model, post.deter)))  # (n, L, D) symlog space
     y = seq.obs.float()
     one_step = _gauss_nll(symlog(y), mean, log_std)[:, context:].mean((1, 2))  # (n,)
@@ -307,10 +324,10 @@ def evaluate(
     """J and its gradient per block at theta (p,): one forward and one backward pass."""
     Js, Gs = [], []
     with _frozen(model), torch.enable_grad():
-        for _, batch, drv in data.chunks(chunk):
+        for _, batch, drv, tok in data.chunks(chunk, model):
             rows = torch.as_tensor(theta, dtype=torch.float32).expand(drv.shape[0], -1).clone().requires_grad_(True)
             pa, pi = corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
-            J = objective(model, batch, pa, pi, context, horizon)
+            J = objective(model, batch, pa, pi, context, horizon, tok)
             (g,) = torch.autograd.grad(J.sum(), rows)
             Js.append(J.detach().double().numpy())
             Gs.append(g.double().numpy())
@@ -323,10 +340,10 @@ def objective_only(
     """Mean J at theta, forward passes only (the delay's starting scan)."""
     Js = []
     with _frozen(model), torch.no_grad():
-        for _, batch, drv in data.chunks(chunk):
+        for _, batch, drv, tok in data.chunks(chunk, model):
             rows = torch.as_tensor(theta, dtype=torch.float32).expand(drv.shape[0], -1)
             pa, pi = corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
-            Js.append(objective(model, batch, pa, pi, context, horizon).double().numpy())
+            Js.append(objective(model, batch, pa, pi, context, horizon, tok).double().numpy())
     return float(np.concatenate(Js).mean())
 
 
