@@ -286,13 +286,7 @@ class Gate:
                 f"gate file {path} does not exist", "commit a gate file (see `wmcheck check --help`) or drop --gate"
             )
         try:
-            text = path.read_text()
-            if path.suffix.lower() == ".json":
-                data = json.loads(text)
-            else:
-                import yaml
-
-                data = yaml.safe_load(text) or {}
+            data = _read_mapping_file(path)
         except Exception as exc:
             raise UserError(f"cannot parse gate file {path}: {exc}", "fix its YAML/JSON syntax") from None
         if not isinstance(data, dict):
@@ -304,6 +298,47 @@ class Gate:
         if unknown:
             raise UserError(f"gate file {path} has unknown keys {unknown}", f"accepted keys: {known}")
         return cls(**data, source=str(path))
+
+
+def _read_mapping_file(path: Path):
+    """YAML or JSON (by suffix) with every mapping's keys unique and no structure that contains itself
+    (a recursive YAML alias): a gate file is a committed decision, so a key given twice is an error,
+    not "the last one wins"."""
+    text = path.read_text()
+
+    def unique(pairs):
+        out = {}
+        for k, v in pairs:
+            if k in out:
+                raise ValueError(f"key {k!r} is given twice")
+            out[k] = v
+        return out
+
+    if path.suffix.lower() == ".json":
+        return json.loads(text, object_pairs_hook=unique)
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node):
+        loader.flatten_mapping(node)  # merge keys (<<) first, as SafeLoader does
+        return unique(
+            (loader.construct_object(k, deep=True), loader.construct_object(v, deep=True)) for k, v in node.value
+        )
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    data = yaml.load(text, Loader=Loader) or {}  # noqa: S506 (a SafeLoader subclass)
+
+    def acyclic(x, seen=()):
+        if isinstance(x, (list, dict)):
+            if id(x) in seen:
+                raise ValueError("a YAML alias refers to itself (a recursive structure)")
+            for v in x.values() if isinstance(x, dict) else x:
+                acyclic(v, (*seen, id(x)))
+
+    acyclic(data)
+    return data
 
 
 def validate_gate_policy(policy, where: str) -> dict:

@@ -321,6 +321,15 @@ def test_gate_rejects_unknown_misspelt_and_mistyped_keys(tmp_path):
     (tmp_path / "g2.yaml").write_text("allow_unverifiable: 'yes'\n")
     with pytest.raises(UserError, match="allow_unverifiable"):
         Gate.load(tmp_path / "g2.yaml")
+    for name, body in {
+        "dup.yaml": "alpha: 0.05\nalpha: 0.1\n",
+        "dup_nested.yaml": "tolerances:\n  latency: {max_steps: 1, max_steps: 2}\n",
+        "dup.json": '{"alpha": 0.05, "alpha": 0.1}',
+        "loop.yaml": "require_power: &x [latency, *x]\n",
+    }.items():
+        (tmp_path / name).write_text(body)
+        with pytest.raises(UserError, match="twice|refers to itself|recursive"):
+            Gate.load(tmp_path / name)
     (tmp_path / "g3.yaml").write_text("alpah: 0.05\n")
     with pytest.raises(UserError, match="alpah"):
         Gate.load(tmp_path / "g3.yaml")

@@ -115,6 +115,27 @@ def bundle_from_payload(payload: dict, source: str = "checkpoint") -> ModelBundl
     )
 
 
+def load_failure(exc: BaseException) -> str:
+    """Why a file could not be read, in one line for the user: never torch's advice to load it
+    unsafely (weights_only=False runs arbitrary code from the file), and something even when the
+    exception has no message (an empty file raises a bare EOFError)."""
+    text = str(exc).strip()
+    if "weights only" in text.lower() or "weights_only" in text:
+        return "it holds pickled Python objects, which wmcheck never loads (only tensors and plain values)"
+    first = text.splitlines()[0][:200] if text else ""
+    if isinstance(exc, EOFError) or not first:
+        return f"{type(exc).__name__} (the file is empty or cut short)"
+    return f"{type(exc).__name__}: {first}"
+
+
+def read_checkpoint(path: str | Path, fix: str, map_location: str = "cpu") -> dict:
+    """torch.load(weights_only=True) of a checkpoint, a damaged or unsafe file a UserError that names it."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # truncated, empty, not a torch file, or pickled objects
+        raise UserError(f"cannot read {path}: {load_failure(exc)}", fix) from None
+
+
 def load_model(path: str | Path, map_location: str = "cpu") -> ModelBundle:
     """Load RUNDIR/model.pt (or a RUNDIR) with weights_only=True."""
     path = Path(path)
@@ -122,13 +143,9 @@ def load_model(path: str | Path, map_location: str = "cpu") -> ModelBundle:
         path = path / "model.pt"
     if not path.exists():
         raise UserError(f"no model at {path}", "train one with `wmcheck train LOG.h5 --out RUNDIR` and pass RUNDIR")
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # truncated file, not a torch file, or contains pickled objects
-        raise UserError(
-            f"cannot read model file {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
-            "the file is truncated or not a wmcheck model; re-export it with `wmcheck train`",
-        ) from None
+    payload = read_checkpoint(
+        path, "the file is damaged or not a wmcheck model; re-export it with `wmcheck train`", map_location
+    )
     bundle = bundle_from_payload(payload, str(path))
     bundle.file_hash = file_sha256(path)
     return bundle

@@ -32,7 +32,7 @@ import torch
 
 from wmcheck.datasets.atomic import remove_stale_temporaries, write_text_atomic
 from wmcheck.datasets.errors import Interrupted, UserError
-from wmcheck.training.checkpoint import atomic_checkpoint_io, file_sha256, save_model
+from wmcheck.training.checkpoint import atomic_checkpoint_io, file_sha256, read_checkpoint, save_model
 from wmcheck.training.config import RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule
 from wmcheck.training.module import NonFiniteLoss, WorldModelModule
@@ -203,7 +203,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
         )
     ckpt_path = str(last) if (resume and last.exists()) else None
     if ckpt_path and trainer.is_global_zero:
-        step = int(torch.load(last, map_location="cpu", weights_only=True).get("global_step", 0))
+        step = int(read_checkpoint(last, _DAMAGED_RESUME.format(last=last)).get("global_step", 0))
         print(f"resuming from {last} at step {step}", flush=True)
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
@@ -213,7 +213,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
         raise UserError(
             f"training diverged: {exc}; {last} holds the last good state"
             + (
-                f" (step {int(torch.load(last, map_location='cpu', weights_only=True)['global_step'])})"
+                f" (step {int(read_checkpoint(last, _DAMAGED_RESUME.format(last=last))['global_step'])})"
                 if last.exists()
                 else ""
             ),
@@ -390,13 +390,18 @@ def stop_reason(trainer, t: TrainConfig, early) -> str | None:
     return None
 
 
+_DAMAGED_RESUME = (
+    "the resumable checkpoint is damaged: delete {last} to start the run afresh, or use a new --out folder"
+)
+
+
 def restore_best(module: WorldModelModule, best_ckpt) -> int | None:
     """Load the best checkpoint's weights into `module` (weights only); its step, or None when
     there is none (no validation split, or no validation ran)."""
     path = getattr(best_ckpt, "best_model_path", "") if best_ckpt is not None else ""
     if not path or not Path(path).exists():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_checkpoint(path, f"delete {path} (the last checkpoint is kept) and run the same command again")
     module.load_state_dict(state["state_dict"])
     return int(state.get("global_step", 0))
 
