@@ -28,6 +28,34 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = validate_log(args.log)
+    from wmcheck.datasets.errors import UserError
+
+    try:
+        report = validate_log(args.log)
+    except UserError as exc:
+        if not args.json:
+            raise
+        # --json promises JSON on stdout: a file that cannot be read at all is one error finding
+        print(unreadable_json(args.log, exc))
+        return exc.exit_code
     print(report_json(report) if args.json else report.format_text())
     return 0 if report.ok else 2
+
+
+def unreadable_json(path, exc) -> str:
+    """The --json report of a log that could not be opened: no summary, one error finding."""
+    import json
+
+    from wmcheck.datasets.validate import REPORT_VERSION
+
+    finding = {
+        "severity": "error",
+        "code": "unreadable",
+        "episode": None,
+        "channel": None,
+        "message": exc.problem + (f" (fix: {exc.fix})" if exc.fix else ""),
+    }
+    return json.dumps(
+        {"report_version": REPORT_VERSION, "path": str(path), "ok": False, "summary": None, "findings": [finding]},
+        indent=2,
+    )

@@ -270,3 +270,14 @@ def test_cli_subprocess_truncated_file(log):
     proc = subprocess.run([str(exe), "validate", str(log)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "truncated" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_cli_json_stays_json_when_the_file_cannot_be_read(tmp_path, capsys):
+    """--json promises JSON on stdout: an unreadable or missing file is one error finding, exit 2."""
+    bad = tmp_path / "bad.h5"
+    bad.write_text("not an HDF5 file")
+    for path in (bad, tmp_path / "missing.h5"):
+        assert main(["validate", str(path), "--json"]) == 2
+        out = json.loads(capsys.readouterr().out)
+        assert out["ok"] is False and out["summary"] is None
+        assert [f["code"] for f in out["findings"]] == ["unreadable"] and path.name in out["findings"][0]["message"]
