@@ -264,6 +264,20 @@ def test_short_row_is_reported_with_its_line(tmp_path):
         import_csv(p, mapping())
 
 
+def test_a_row_with_extra_fields_is_reported_with_its_line(tmp_path):
+    p = tmp_path / "long.csv"
+    p.write_text("t,y,u\n0,1,1\n10,2,3,4\n20,3,3\n")
+    with pytest.raises(UserError, match="line 3 has 4 fields, the header has 3"):
+        import_csv(p, mapping())
+
+
+def test_a_mapped_column_named_twice_in_the_header_is_an_error(tmp_path):
+    p = tmp_path / "dup.csv"
+    p.write_text("t,y,u,y\n0,1,1,5\n10,2,3,6\n")
+    with pytest.raises(UserError, match=r"'y' in columns \[2, 4\]"):
+        import_csv(p, mapping())
+
+
 # --- the mapping --------------------------------------------------------------------------------
 
 

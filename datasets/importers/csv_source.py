@@ -42,15 +42,23 @@ def read_csv_table(path: str | Path, mapping: ImportMapping) -> Table:
             raise UserError(f"{path}: cannot read the CSV header: {exc}", "check the file is CSV") from None
         header = [h.strip() for h in header]
         check_columns(header, mapping, str(path))
+        twice = sorted({c for c in mapping.needed_cols if header.count(c) > 1})
+        if twice:
+            where = "; ".join(f"{c!r} in columns {[i + 1 for i, h in enumerate(header) if h == c]}" for c in twice)
+            raise UserError(
+                f"{path}: the header names a mapped column more than once ({where}); which one is meant is unclear",
+                "rename or drop the duplicate columns in the export",
+            )
         idx = [header.index(c) for c in mapping.needed_cols]
         get = operator.itemgetter(*idx)
+        width = len(header)
         try:
             if len(idx) == 1:
-                rows = [(get(r),) for r in reader if r]
+                rows = [(get(r),) for r in reader if r and (len(r) == width or _bad_width())]
             else:
-                rows = [get(r) for r in reader if r]
-        except IndexError:
-            _raise_short_row(path, mapping, len(header))
+                rows = [get(r) for r in reader if r and (len(r) == width or _bad_width())]
+        except (IndexError, _WidthError):
+            _raise_bad_row(path, mapping, width)
             raise
         except csv.Error as exc:
             raise UserError(
@@ -105,13 +113,24 @@ def _line_of(path: Path, mapping: ImportMapping, i: int) -> int:
     return -1
 
 
-def _raise_short_row(path: Path, mapping: ImportMapping, width: int) -> None:
+class _WidthError(Exception):
+    """A data row with another number of fields than the header (found in the fast loop)."""
+
+
+def _bad_width() -> bool:
+    raise _WidthError
+
+
+def _raise_bad_row(path: Path, mapping: ImportMapping, width: int) -> None:
+    """The first data row whose field count differs from the header's, with its line (error path)."""
     with _open_text(path) as f:
         reader = csv.reader(f, delimiter=mapping.delimiter or _sniff(f, path))
         next(reader)
         for r in reader:
-            if r and len(r) < width:
+            if r and len(r) != width:
                 raise UserError(
                     f"{path}: line {reader.line_num} has {len(r)} fields, the header has {width}",
-                    "fix or delete that line (a truncated export?)",
+                    "fix or delete that line (a truncated export?)"
+                    if len(r) < width
+                    else "fix that line (an unquoted delimiter inside a value?) or delete it",
                 )
