@@ -223,21 +223,32 @@ def action_dim(ds: h5py.Dataset | h5py.Group, num_classes: int | None) -> int:
     return width(ds)
 
 
+def _rows(ds: h5py.Dataset, start: int, stop: int | None) -> np.ndarray:
+    """Rows [start, stop) of a per-step dataset; a scalar dataset (no rows at all) is a LayoutError."""
+    if ds.ndim == 0:
+        raise LayoutError(f"{ds.name} is a scalar dataset; a per-step dataset has one row per step")
+    return np.asarray(ds[start:stop])
+
+
+def _as_matrix(x: np.ndarray) -> np.ndarray:
+    """(rows, ...) -> (rows, width) float32; zero rows keep the dataset's width."""
+    return x.astype(np.float32).reshape(x.shape[0], int(np.prod(x.shape[1:], dtype=np.int64)))
+
+
 def read_actions(ds: h5py.Dataset, num_classes: int | None, start: int = 0, stop: int | None = None) -> np.ndarray:
     """Rows [start, stop) of the actions as float32 (rows, A); discrete actions one-hot."""
-    x = np.asarray(ds[start:stop])
+    x = _rows(ds, start, stop)
     if is_discrete(ds):
         k = action_dim(ds, num_classes)
         if x.size and (x.min() < 0 or x.max() >= k):
             raise LayoutError(f"discrete action values must lie in [0, {k}), found [{x.min()}, {x.max()}]")
         return np.eye(k, dtype=np.float32)[x]  # (rows, K)
-    return x.astype(np.float32).reshape(x.shape[0], -1)  # (rows, A)
+    return _as_matrix(x)  # (rows, A)
 
 
 def read_vector(ds: h5py.Dataset, start: int = 0, stop: int | None = None) -> np.ndarray:
     """A (rows, ...) numeric dataset as float32 (rows, width)."""
-    x = np.asarray(ds[start:stop])
-    return x.astype(np.float32).reshape(x.shape[0], -1)
+    return _as_matrix(_rows(ds, start, stop))
 
 
 # --- file attributes --------------------------------------------------------------------------

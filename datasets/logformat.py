@@ -35,6 +35,8 @@ from wmcheck.datasets.episode import FORMAT_NAME, FORMAT_VERSION, Episode, LogMe
 from wmcheck.datasets.errors import UserError
 
 REQUIRED = ("observations", "actions", "terminations", "truncations")
+PER_STEP = ("actions", "inputs", "rewards", "terminations", "truncations", "timestamps")
+"""The datasets with one row per step (N, or N + 1 for timestamps); observations are read by layout.py."""
 _VALIDATE_FIX = "run `wmcheck validate {path}` for the full report, then fix the importer or its mapping and re-import"
 
 
@@ -400,6 +402,9 @@ class LogReader:
         missing = [k for k in REQUIRED if k not in g]
         if missing:
             return None, [f"missing dataset(s) {', '.join(missing)}"]
+        scalars = [k for k in PER_STEP if isinstance(g.get(k), h5py.Dataset) and g[k].ndim == 0]
+        if scalars:
+            return None, [f"{', '.join(scalars)}: scalar dataset(s); a per-step dataset has one row per step"]
         problems = []
         meta = self.meta
         lay = self._obs_layout(episode_id)
@@ -409,6 +414,8 @@ class LogReader:
             groups_rows = {k: v for k, v in L.component_rows(g["observations"], lay).items() if k in lay.group_keys}
         actions = L.read_actions(g["actions"], self.num_action_classes)  # (N, A)
         n = actions.shape[0]
+        if "total_steps" in g.attrs and int(g.attrs["total_steps"]) != n:  # validate's total_steps_mismatch
+            problems.append(f"attribute total_steps={int(g.attrs['total_steps'])} but actions have {n} rows")
         inputs = L.read_vector(g["inputs"]) if "inputs" in g else None  # (N, E)
         rewards = np.asarray(g["rewards"][()], np.float32) if "rewards" in g else None  # (N,)
         terms = np.asarray(g["terminations"][()], bool)  # (N,)

@@ -45,7 +45,7 @@ import numpy as np
 from wmcheck.datasets import layout as L
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.json_safe import json_safe
-from wmcheck.datasets.logformat import REQUIRED, open_h5
+from wmcheck.datasets.logformat import PER_STEP, REQUIRED, open_h5
 
 REPORT_VERSION = 1
 SATURATION_AT_LIMIT = 0.20  # fraction of values at one limit that counts as saturated ...
@@ -317,6 +317,11 @@ class _Validator:
         for key in REQUIRED:
             if key not in g:
                 add("error", "missing_dataset", f"dataset {key} is missing", key)
+        scalars = [k for k in PER_STEP if isinstance(g.get(k), h5py.Dataset) and g[k].ndim == 0]
+        for k in scalars:
+            add("error", "scalar_dataset", f"{k} is a scalar dataset; a per-step dataset has one row per step", k)
+        if scalars:  # the episode's other checks read rows of these datasets
+            return
         lay = None
         if "observations" in g:
             try:
@@ -344,13 +349,14 @@ class _Validator:
             f"observations/{k}".rstrip("/"): (r, n + 1)
             for k, r in (L.component_rows(g["observations"], lay).items() if lay else [])
         }
-        rows.update(
-            {
-                k: (g[k].shape[0], n + (k == "timestamps"))
-                for k in ("inputs", "rewards", "terminations", "truncations", "timestamps")
-                if isinstance(g.get(k), h5py.Dataset)
-            }
-        )
+        per_step = [
+            k
+            for k in ("inputs", "rewards", "terminations", "truncations", "timestamps")
+            if isinstance(g.get(k), h5py.Dataset)
+        ]
+        for k in [k for k in per_step if g[k].ndim == 0]:
+            add("error", "scalar_dataset", f"{k} is a scalar dataset; a per-step dataset has one row per step", k)
+        rows.update({k: (g[k].shape[0], n + (k == "timestamps")) for k in per_step if g[k].ndim > 0})
         for k, (r, want) in rows.items():
             if r != want:
                 add(
