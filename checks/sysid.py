@@ -67,7 +67,9 @@ RIDGE = 1e-3  # nats per squared parameter unit: a weak prior toward the identit
 FD_STEP = 0.02  # forward-difference step of the Hessian, parameter units
 CONFOUNDED = 0.7  # |correlation| of two estimates above which the report calls them confounded
 GUARD_POINTS = 33  # candidate values per parameter when the box the model can judge is found
-MAX_EVALS = 30  # objective evaluations of one fit
+MAX_EVALS = 30  # objective evaluations of one fit (a cap; TOL_* usually stop it first)
+TOL_CHANGE = 1e-5  # nats per step and channel: a smaller change of J or of a parameter ends the fit
+TOL_GRAD = 1e-4  # largest |gradient| (nats per parameter unit) at which the fit is converged
 
 
 @dataclass(frozen=True)
@@ -461,8 +463,8 @@ def fit(
         max_eval=max_evals,
         history_size=10,
         line_search_fn="strong_wolfe",
-        tolerance_grad=1e-7,
-        tolerance_change=1e-10,
+        tolerance_grad=TOL_GRAD,
+        tolerance_change=TOL_CHANGE,
     )
 
     def closure():
