@@ -602,10 +602,6 @@ def physical(p: Param, theta: float, act_std: np.ndarray) -> float:
     return float(theta * act_std[p.channel])
 
 
-def identity_value(kind: str) -> float:
-    return 1.0 if kind == "gain" else 0.0
-
-
 @dataclass
 class SysidResult:
     """What the latency and actuator rows need from the fit."""
