@@ -211,7 +211,7 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
     """The corrections' score tests and fit (sysid.py), in order: the latency test at the identity;
     when it fires, the delay's fit, and the actuator test on the scores where that fit leaves the
     data (a large delay moves the gain's score too); when the actuator test fires, the joint fit of
-    the delay and every parameter of the channels with a significant score, from the delay found.
+    the delay and every command parameter, from the delay found.
     Returns both rows and the blocks with the fitted corrections applied."""
     cfg, norm, cal = ctx.cal.config, ctx.norm, ctx.cal
     layout = sysid.Layout.for_normalizer(norm, cfg.max_delay)
@@ -257,12 +257,8 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
     tests["actuator"] = test("actuator", act_scores)
     tests = {g: t for g, t in tests.items() if t is not None}
     fired = {g for g, t in tests.items() if t.evidence >= 1.0}
-    if "actuator" in fired:
-        cols = layout.columns("actuator")
-        channels = sorted({layout.params[j].channel for j, s in zip(cols, tests["actuator"].significant) if s})
-        free = (list(layout.columns("latency")) if "latency" in fired else []) + [
-            j for c in channels for j in layout.channel_columns(c)
-        ]
+    if "actuator" in fired:  # every command parameter: a channel left out biases the others' estimates
+        free = (list(layout.columns("latency")) if "latency" in fired else []) + list(layout.columns("actuator"))
         f = fit(free, start=None if f is None else f.theta)
         evaluations += f.evaluations
     astd = norm.std["action"].astype(float)
