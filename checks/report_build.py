@@ -94,8 +94,11 @@ def _fit_words(d) -> str:
         f"objective by {r.fit.J0 - r.fit.J1:.3g} nats per step and channel in {r.evaluations} model evaluations"
     )
     if r.confounded:
-        words += "; confounded (they mimic each other): " + ", ".join(
-            f"{a} and {b} (correlation {c:+.2f})" for a, b, c in r.confounded
+        strongest = sorted(r.confounded, key=lambda x: -abs(x[2]))[:4]  # every pair is in the estimate's JSON
+        words += (
+            "; confounded (they mimic each other): "
+            + ", ".join(f"{a} and {b} (correlation {c:+.2f})" for a, b, c in strongest)
+            + (f" and {len(r.confounded) - 4} more pairs" if len(r.confounded) > 4 else "")
         )
     if not r.curvature_ok:
         words += "; the fit is not at a clear minimum, so its intervals are approximate"
