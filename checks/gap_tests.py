@@ -194,10 +194,10 @@ class FitDetail:
     names: list[str]  # command channel names
     box: dict[str, dict[str, list[float]]]  # channel -> kind -> [lo, hi] the model can judge (physical)
     dt: float | None = None
+    fit_support: float | None = None  # largest Wald z of the row's estimates / 1.96 (None: no fit for it)
 
     def estimates(self) -> list[sysid.Estimate]:
-        want = ("delay",) if self.gap == "latency" else sysid.KINDS
-        return [e for e in self.fit.estimates if e.param.kind in want]
+        return [e for e in self.fit.estimates if e.param.kind in _ROW_KINDS[self.gap]]
 
     def best(self) -> sysid.Estimate | None:
         """The fitted correction of this row with the largest score |t| among the significant ones."""
@@ -205,6 +205,9 @@ class FitDetail:
         sig = {p for p, s in zip(self.params, self.test.significant) if s}
         est = [e for e in est if e.param in sig] or est
         return max(est, key=lambda e: abs(e.t)) if est else None
+
+
+_ROW_KINDS = {"latency": ("delay",), "actuator": sysid.KINDS}
 
 
 def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence, Blocks, list[str]]:
@@ -277,13 +280,24 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
                     return t.t[cols.index(j)]
             return 0.0
 
-        est, corr, pairs = sysid.estimates(f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of)
-        result = sysid.SysidResult(layout, f, est, corr, pairs, ok, evaluations + len(f.free))
-        blocks = sysid.corrected_blocks(data_all, f.theta, layout)
-        applied = [
-            f"delay {e.value:+.2f} steps" if e.param.kind == "delay" else f"{e.param.kind} {e.value:.3g} on {e.channel}"
-            for e in est
-        ]
+        est, corr, pairs, rel, total = sysid.estimates(
+            f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of
+        )
+        result = sysid.SysidResult(layout, f, est, corr, pairs, ok, evaluations + len(f.free), rel, total)
+        # Only the corrections of gaps the fit supports are applied before the residual and bias tests
+        # (a correction the data do not support would only absorb part of another gap).
+        kept = [j for gap in fired if result.support(layout.columns(gap)) >= 1.0 for j in layout.columns(gap)]
+        if kept:
+            theta = np.zeros(len(layout))
+            theta[kept] = f.theta[kept]
+            blocks = sysid.corrected_blocks(data_all, theta, layout)
+            applied = [
+                f"delay {e.value:+.2f} steps"
+                if e.param.kind == "delay"
+                else f"{e.param.kind} {e.value:.3g} on {e.channel}"
+                for e in est
+                if layout.index(e.param.kind, e.param.channel) in kept
+            ]
     box: dict[str, dict[str, list[float]]] = {}
     for j, p in enumerate(layout.params):
         if p.kind != "delay":
@@ -298,14 +312,19 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
             continue
         t = tests[gap]
         detail = FitDetail(gap, t, [layout.params[j] for j in layout.columns(gap)], result, names, box, ctx.dt)
-        best = detail.best() if gap in fired else None
+        evidence = t.evidence
+        if gap in fired:  # present only when the fit supports it (sysid.py, "Decision")
+            detail.fit_support = result.support(layout.columns(gap))
+            evidence = min(t.evidence, detail.fit_support)
+        best = detail.best() if evidence >= 1.0 else None
         if gap == "latency":
             within = best is not None and ctx.tolerances.latency.covers(best.value)
         else:
             sig_params = {p for p, s in zip(detail.params, t.significant) if s}
             sig = [e for e in detail.estimates() if e.param in sig_params] or ([best] if best else [])
             within = bool(sig) and all(ctx.tolerances.actuator.covers(e.param.kind, e.value) for e in sig)
-        out[gap] = GapEvidence(gap, t.evidence, within_tolerance=within, boot=t.boot, detail=detail)
+        boot = np.minimum(t.boot, detail.fit_support) if detail.fit_support is not None else t.boot
+        out[gap] = GapEvidence(gap, evidence, within_tolerance=within, boot=boot, detail=detail)
     return out["latency"], out["actuator"], blocks, applied
 
 

@@ -109,6 +109,17 @@ def _estimate_json(e) -> dict:
     return {"estimate": r4(e.value), "ci95": [r4(e.interval[0]), r4(e.interval[1])], "score_t": r4(e.t)}
 
 
+def _support_words(d) -> str:
+    """When the score test fires but the fit does not support the row (sysid.py, "Decision")."""
+    if d.fit_support is None or d.fit_support >= 1.0:
+        return ""
+    return (
+        f"; the score test fires, but the fitted {'delay' if d.gap == 'latency' else 'actuator corrections'} do not "
+        f"exclude the identity at 95 % (joint Wald test: {d.fit_support:.2f} of its critical value), so the "
+        f"difference is not attributed to {d.gap}"
+    )
+
+
 def latency_fit_row(g: GapEvidence, verdict: str) -> dict:
     d = g.detail
     best = d.best() if g.fires else None
@@ -132,7 +143,7 @@ def latency_fit_row(g: GapEvidence, verdict: str) -> dict:
             "fitted_with": [_param_words(e.param, d.names) for e in d.fit.estimates if e.param.kind != "delay"],
         },
         None if best is None else [r4(best.interval[0]), r4(best.interval[1])],
-        _fit_test_words(d) + _fit_words(d),
+        _fit_test_words(d) + _fit_words(d) + _support_words(d),
     )
 
 
@@ -160,7 +171,7 @@ def actuator_fit_row(g: GapEvidence, verdict: str) -> dict:
         verdict,
         estimate,
         None if best is None else [r4(best.interval[0]), r4(best.interval[1])],
-        _fit_test_words(d) + _fit_words(d),
+        _fit_test_words(d) + _fit_words(d) + _support_words(d),
     )
 
 

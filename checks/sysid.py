@@ -49,6 +49,15 @@ preference, e.g. a curve that bottoms out at -0.3 steps, cancels). Interval: the
 sandwich H^-1 S H^-1 over episodes (H by forward differences of the mean gradient, S from the
 per-episode scores at the fit), plus the real reference's variance; the correlation of two
 estimates says when they are confounded.
+
+Decision: a gap is present when its score test fires *and* the fit supports it: the joint Wald test
+of the row's fitted parameters against the identity at 95 % (`SysidResult.support`; joint, since a
+confounded gain and deadband can each have a wide interval while together they are well
+determined). The row's evidence is the smaller of the two, each over its threshold
+(gap_tests.fit_corrections). The score test alone fires
+on any systematic difference that correlates with the drivers: an engineering power-curve model
+fired the latency test with a fitted delay of -0.01 steps. The second condition can only remove
+findings, so the false-alarm level holds.
 """
 
 from __future__ import annotations
@@ -615,13 +624,30 @@ class SysidResult:
     confounded: list[tuple[str, str, float]] = field(default_factory=list)
     curvature_ok: bool = True
     evaluations: int = 0
+    relative: np.ndarray | None = None  # (k,) fitted - real reference, parameter scale (fit.free order)
+    covariance: np.ndarray | None = None  # (k, k) of `relative` (checked sandwich + the real reference's)
+
+    def support(self, cols) -> float:
+        """Joint Wald statistic of the fitted parameters among `cols` against the identity, over its
+        chi-square 95 % critical value (square-rooted: >= 1 means the corrections together exclude
+        the identity). Joint, because confounded parameters (a gain and a deadband) can each have a
+        wide interval while their combination is well determined."""
+        if self.fit is None or self.relative is None:
+            return 0.0
+        idx = [i for i, j in enumerate(self.fit.free) if j in set(int(c) for c in cols)]
+        if not idx:
+            return 0.0
+        r = self.relative[idx]
+        w = float(r @ np.linalg.pinv(self.covariance[np.ix_(idx, idx)], rcond=1e-10) @ r)
+        return float(np.sqrt(max(w, 0.0) / chi2_isf(0.05, len(idx))))
 
 
 def estimates(
     result_fit: Fit, layout: Layout, cov: np.ndarray, ref: Reference, H: np.ndarray, real_groups, names, act_std, t_of
-) -> tuple[list[Estimate], np.ndarray, list[tuple[str, str, float]]]:
+) -> tuple[list[Estimate], np.ndarray, list[tuple[str, str, float]], np.ndarray, np.ndarray]:
     """Estimates relative to the real reference, 95 % intervals (the checked sandwich plus the real
-    fit's, the latter with the checked Hessian), correlations and the confounded pairs."""
+    fit's, the latter with the checked Hessian), correlations, the confounded pairs, and the relative
+    parameters (k,) with their covariance (k, k)."""
     free = result_fit.free
     cov_real = sandwich(H, ref.scores_at_fit[:, free], real_groups)
     total = cov + cov_real
@@ -649,7 +675,24 @@ def estimates(
         for b in range(a + 1, len(out))
         if abs(corr[a, b]) >= CONFOUNDED
     ]
-    return out, corr, pairs
+    rel = result_fit.theta[free] - ref.theta[free]
+    return out, corr, pairs, rel, total
+
+
+def chi2_isf(p: float, k: int) -> float:
+    """Upper p-quantile of the chi-square distribution with k degrees of freedom: exact for k = 1
+    (the normal's) and k = 2 (-2 ln p), Wilson-Hilferty's cube-root approximation beyond (within
+    0.6 % at p = 0.05 for k >= 3, slightly low at k = 3)."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1 - p)
+    if k == 1:
+        z2 = NormalDist().inv_cdf(1 - p / 2)
+        return z2 * z2
+    if k == 2:
+        return -2.0 * float(np.log(p))
+    c = 2.0 / (9.0 * k)
+    return k * (1 - c + z * np.sqrt(c)) ** 3
 
 
 def label(e: Estimate) -> str:

@@ -156,3 +156,27 @@ def test_sandwich_interval_covers_with_clustered_blocks():
         naive += abs(theta) <= 1.96 * x.std(ddof=1) / np.sqrt(len(x))
     assert 0.9 <= cover / reps <= 0.98, cover / reps
     assert naive / reps < 0.8, naive / reps
+
+
+def test_chi2_quantile_is_exact_for_one_and_two_and_close_beyond():
+    assert sysid.chi2_isf(0.05, 1) == pytest.approx(3.8415, abs=1e-3)
+    assert sysid.chi2_isf(0.05, 2) == pytest.approx(5.9915, abs=1e-3)
+    for k, exact in {3: 7.8147, 6: 12.5916, 19: 30.1435}.items():
+        assert sysid.chi2_isf(0.05, k) == pytest.approx(exact, rel=6e-3)
+
+
+def test_joint_support_sees_confounded_corrections_that_each_look_insignificant():
+    """A gain and a deadband that mimic each other: each marginal interval covers the identity, the
+    joint Wald test does not (the combination is well determined). The support must follow the
+    joint test, or a clear actuator gap would be called absent."""
+    layout = sysid.Layout.of(1, 0, 3)
+    fit = sysid.Fit(np.zeros(4), np.array([1, 3]), 0.0, 0.0, None, 0, np.zeros(2, bool))
+    sd = np.array([1.0, 1.0])
+    corr = np.array([[1.0, -0.999], [-0.999, 1.0]])
+    cov = corr * np.outer(sd, sd)
+    rel = np.array([1.5, 1.5])  # each 1.5 sd from the identity: marginally not significant
+    res = sysid.SysidResult(layout, fit, relative=rel, covariance=cov)
+    assert res.support(layout.columns("actuator")) > 1.0
+    independent = sysid.SysidResult(layout, fit, relative=rel, covariance=np.diag(sd**2))
+    assert independent.support(layout.columns("actuator")) < 1.0  # two 1.5-sd estimates, independent
+    assert res.support(layout.columns("latency")) == 0.0  # the delay was not fitted
