@@ -184,8 +184,17 @@ class BiasTest:
         return np.abs(self.t) >= self.threshold
 
     def interval(self, level: float = 0.95) -> np.ndarray:
-        """(C, 2) Welch interval of the difference (normalised units)."""
-        q = np.array([t_isf((1 - level) / 2, d) if np.isfinite(d) and d > 0 else np.nan for d in self.df])
+        """(C, 2) Welch interval of the difference (normalised units). The degrees of freedom are
+        rounded down to half steps, as for the Bonferroni critical values (a slightly wider,
+        conservative interval; the few distinct quantiles are computed once)."""
+        q = np.array(
+            [
+                _t_critical((1 - level) / 2, max(int(math.floor(min(d, 2000.0) * 2.0)), 1))
+                if np.isfinite(d) and d > 0
+                else np.nan
+                for d in self.df
+            ]
+        )
         return np.stack([self.difference - q * self.se, self.difference + q * self.se], 1)
 
 

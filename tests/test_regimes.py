@@ -64,3 +64,27 @@ def test_outside_competence_and_outside_range_are_reported_not_tested():
     assert any(r["range"][1] > 14.0 and r["share"] > 0.5 for r in out["not_competent"])
     (outside,) = out["outside_training_range"]
     assert outside["steps"] == 144 and "144 of 1920 checked steps (7.5%) have wind outside" in outside["text"]
+
+
+def test_the_vectorised_bootstrap_interval_is_the_concatenating_loop():
+    """_bootstrap_ci draws whole episodes and takes the median of their values per resample; the
+    vectorised weighted median must give the loop's numbers (same draws, same medians)."""
+    from wmcheck.checks.regimes import _bootstrap_ci
+
+    def loop(err, in_bin, reps, rng, groups):
+        rows = np.flatnonzero(in_bin.any(1))
+        units = [rows[groups[rows] == g] for g in np.unique(groups[rows])]
+        meds = []
+        for _ in range(reps):
+            pick = np.concatenate([units[i] for i in rng.integers(0, len(units), len(units))])
+            meds.append(np.median(err[pick][in_bin[pick]]))
+        return [float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))]
+
+    rng = np.random.default_rng(0)
+    for trial in range(5):
+        err = rng.normal(size=(30, 12))
+        in_bin = rng.random((30, 12)) < 0.3
+        groups = rng.integers(0, 7, 30)
+        got = _bootstrap_ci(err, in_bin, 200, np.random.default_rng(trial), groups)
+        want = loop(err, in_bin, 200, np.random.default_rng(trial), groups)
+        assert np.allclose(got, want), (trial, got, want)
