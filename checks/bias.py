@@ -189,9 +189,7 @@ class BiasTest:
         conservative interval; the few distinct quantiles are computed once)."""
         q = np.array(
             [
-                _t_critical((1 - level) / 2, max(int(math.floor(min(d, 2000.0) * 2.0)), 1))
-                if np.isfinite(d) and d > 0
-                else np.nan
+                _t_critical((1 - level) / 2, int(_half_steps(np.array([d]))[0])) if np.isfinite(d) and d > 0 else np.nan
                 for d in self.df
             ]
         )
@@ -269,6 +267,12 @@ def _max_t_threshold(null_max: np.ndarray, level: float) -> float:
     return max(float(null_max[P - k + 1]), 1e-12) if 2 <= k <= P else float("inf")
 
 
+def _half_steps(df: np.ndarray) -> np.ndarray:
+    """Degrees of freedom (> 0) rounded down to half steps, as twice their value (>= 1; capped at
+    2000, where t is normal): the keys of the cached quantiles."""
+    return np.maximum(np.floor(np.minimum(df, 2000.0) * 2.0).astype(int), 1)
+
+
 @functools.lru_cache(maxsize=8192)
 def _t_critical(p: float, half_df: int) -> float:
     return t_isf(p, half_df / 2.0)
@@ -282,7 +286,7 @@ def _bonferroni(df: np.ndarray, level: float) -> np.ndarray:
     df = np.asarray(df, float)
     out = np.full(len(df), np.inf)
     ok = np.isfinite(df) & (df > 0)
-    keys = np.maximum(np.floor(np.minimum(df[ok], 2000.0) * 2.0).astype(int), 1)
+    keys = _half_steps(df[ok])
     p = level / (2 * max(len(df), 1))
     crit = {int(k): _t_critical(p, int(k)) for k in np.unique(keys)}
     out[ok] = [crit[int(k)] for k in keys]

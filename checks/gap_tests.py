@@ -197,7 +197,7 @@ class FitDetail:
     fit_support: float | None = None  # largest Wald z of the row's estimates / 1.96 (None: no fit for it)
 
     def estimates(self) -> list[sysid.Estimate]:
-        return [e for e in self.fit.estimates if e.param.kind in _ROW_KINDS[self.gap]]
+        return [e for e in self.fit.estimates if e.param.kind in sysid.GAP_KINDS[self.gap]]
 
     def best(self) -> sysid.Estimate | None:
         """The fitted correction of this row with the largest score |t| among the significant ones."""
@@ -205,9 +205,6 @@ class FitDetail:
         sig = {p for p, s in zip(self.params, self.test.significant) if s}
         est = [e for e in est if e.param in sig] or est
         return max(est, key=lambda e: abs(e.t)) if est else None
-
-
-_ROW_KINDS = {"latency": ("delay",), "actuator": sysid.KINDS}
 
 
 def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence, Blocks, list[str]]:
@@ -280,10 +277,8 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
                     return t.t[cols.index(j)]
             return 0.0
 
-        est, corr, pairs, rel, total = sysid.estimates(
-            f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of
-        )
-        result = sysid.SysidResult(layout, f, est, corr, pairs, ok, evaluations + len(f.free), rel, total)
+        est, pairs, rel, total = sysid.estimates(f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of)
+        result = sysid.SysidResult(layout, f, est, pairs, ok, evaluations + len(f.free), rel, total)
         # Only the corrections of gaps the fit supports are applied before the residual and bias tests
         # (a correction the data do not support would only absorb part of another gap).
         kept = [j for gap in fired if result.support(layout.columns(gap)) >= 1.0 for j in layout.columns(gap)]

@@ -245,6 +245,9 @@ class _PowerJudge:
         reference = calibration_cells(cal)  # the held-out blocks' open-loop bias cells (bias.py)
         self.real_cells = None if reference is None else reference[1]  # (m, cells)
         self.a_gap = a_gap
+        ref = cal.sysid  # the corrections' score tests (sysid.py): layout and half A's scores, once
+        self.fit_layout = None if ref is None else ref.layout
+        self.fit_null = None if ref is None else ref.scores[self.in_a]
         if self.has_search:  # thresholds at this draw size, from the same searches on half A
             self.lat_id = identity_index("delay", search.delays)
             self.thr_latency = null_quantile(
@@ -274,18 +277,17 @@ class _PowerJudge:
         from wmcheck.checks.attribution import only_allowed, paired_improvement
 
         out = {g: GapEvidence.not_checked(g, "not simulated") for g in ("latency", "actuator")}
-        ref = self.cal.sysid
-        if ref is not None and entry.fit_scores is not None:  # the score tests a check runs (sysid.py)
+        if self.fit_layout is not None and entry.fit_scores is not None:  # the score tests a check runs
             from wmcheck.checks import sysid
 
-            layout, ps = ref.layout, self.cal.power
+            ps = self.cal.power
             for gap in ("latency", "actuator"):
-                cols = layout.columns(gap)
+                cols = self.fit_layout.columns(gap)
                 if len(cols):
                     t = sysid.score_test(
                         entry.fit_scores[idx],
                         ps.control_episode[idx],
-                        ref.scores[self.in_a],
+                        self.fit_null,
                         ps.null_episode,
                         cols,
                         self.a_gap,

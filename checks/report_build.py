@@ -73,7 +73,9 @@ def _fit_test_words(d) -> str:
 
 
 def _param_words(p, names) -> str:
-    return "delay" if p.kind == "delay" else f"{p.kind} on {names[p.channel]}"
+    from wmcheck.checks.sysid import describe
+
+    return describe(p.kind, None if p.channel is None else names[p.channel])
 
 
 def _estimate_words(e, dt=None) -> str:

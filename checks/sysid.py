@@ -74,6 +74,8 @@ from wmcheck.checks.blocks import Blocks
 from wmcheck.worldmodel.distributions import symexp, symlog
 
 KINDS = ("gain", "offset", "deadband")
+GAP_KINDS = {"latency": ("delay",), "actuator": KINDS}
+"""The parameter kinds of each gap's test and row."""
 RIDGE = 1e-3  # nats per squared parameter unit: a weak prior toward the identity
 FD_STEP = 0.02  # forward-difference step of the Hessian, parameter units
 CONFOUNDED = 0.7  # |correlation| of two estimates above which the report calls them confounded
@@ -122,11 +124,7 @@ class Layout:
 
     def columns(self, gap: str) -> np.ndarray:
         """theta indices of a gap's test: latency the delay, actuator every command parameter."""
-        want = ("delay",) if gap == "latency" else KINDS
-        return np.array([i for i, p in enumerate(self.params) if p.kind in want], int)
-
-    def channel_columns(self, c: int) -> list[int]:
-        return [i for i, p in enumerate(self.params) if p.channel == c]
+        return np.array([i for i, p in enumerate(self.params) if p.kind in GAP_KINDS[gap]], int)
 
 
 # ----------------------------------------------------------------------------- data and layer
@@ -548,7 +546,6 @@ class Reference:
     scores_at_fit: np.ndarray  # (m, p) the real blocks' scores at that fit (its variance)
     dims: tuple[int, int] = (0, 0)  # (command, exogenous input) channels: the layout
     max_delay: int = 0
-    evaluations: int = 0
 
     @property
     def layout(self) -> Layout:
@@ -583,9 +580,7 @@ def reference(model, episodes, blocks: Blocks, norm, cfg) -> Reference:
     ident = evaluate(model, data, np.zeros(len(layout)), layout, cfg.context, ATTRIBUTION_HORIZON)
     lo, hi = bounds(norm, episodes, layout, cfg, cfg.competence_alpha)
     f = fit(model, data, layout, np.arange(len(layout)), lo, hi, cfg.context, ATTRIBUTION_HORIZON, ident)
-    return Reference(
-        ident.grad, f.theta, f.at_fit.grad, (layout.n_actions, layout.n_inputs), layout.max_delay, f.evaluations
-    )
+    return Reference(ident.grad, f.theta, f.at_fit.grad, (layout.n_actions, layout.n_inputs), layout.max_delay)
 
 
 ATTRIBUTION_HORIZON = 8
@@ -620,7 +615,6 @@ class SysidResult:
     layout: Layout
     fit: Fit | None  # None when no test fired
     estimates: list[Estimate] = field(default_factory=list)
-    correlation: np.ndarray | None = None  # (k, k) of the fitted parameters' estimates
     confounded: list[tuple[str, str, float]] = field(default_factory=list)
     curvature_ok: bool = True
     evaluations: int = 0
@@ -644,10 +638,10 @@ class SysidResult:
 
 def estimates(
     result_fit: Fit, layout: Layout, cov: np.ndarray, ref: Reference, H: np.ndarray, real_groups, names, act_std, t_of
-) -> tuple[list[Estimate], np.ndarray, list[tuple[str, str, float]], np.ndarray, np.ndarray]:
+) -> tuple[list[Estimate], list[tuple[str, str, float]], np.ndarray, np.ndarray]:
     """Estimates relative to the real reference, 95 % intervals (the checked sandwich plus the real
-    fit's, the latter with the checked Hessian), correlations, the confounded pairs, and the relative
-    parameters (k,) with their covariance (k, k)."""
+    fit's, the latter with the checked Hessian), the confounded pairs (from the estimates'
+    correlation), and the relative parameters (k,) with their covariance (k, k)."""
     free = result_fit.free
     cov_real = sandwich(H, ref.scores_at_fit[:, free], real_groups)
     total = cov + cov_real
@@ -676,7 +670,7 @@ def estimates(
         if abs(corr[a, b]) >= CONFOUNDED
     ]
     rel = result_fit.theta[free] - ref.theta[free]
-    return out, corr, pairs, rel, total
+    return out, pairs, rel, total
 
 
 def chi2_isf(p: float, k: int) -> float:
@@ -695,8 +689,13 @@ def chi2_isf(p: float, k: int) -> float:
     return k * (1 - c + z * np.sqrt(c)) ** 3
 
 
+def describe(kind: str, channel: str | None) -> str:
+    """A correction in words: "delay", or "gain on torque"."""
+    return "delay" if kind == "delay" else f"{kind} on {channel}"
+
+
 def label(e: Estimate) -> str:
-    return "delay" if e.param.kind == "delay" else f"{e.param.kind} on {e.channel}"
+    return describe(e.param.kind, e.channel)
 
 
 # ----------------------------------------------------------------------------- detection

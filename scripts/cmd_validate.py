@@ -45,17 +45,18 @@ def run(args: argparse.Namespace) -> int:
 def unreadable_json(path, exc) -> str:
     """The --json report of a log that could not be opened: no summary, one error finding."""
     import json
+    from dataclasses import asdict
 
-    from wmcheck.datasets.validate import REPORT_VERSION
+    from wmcheck.datasets.validate import REPORT_VERSION, Finding
 
-    finding = {
-        "severity": "error",
-        "code": "unreadable",
-        "episode": None,
-        "channel": None,
-        "message": exc.problem + (f" (fix: {exc.fix})" if exc.fix else ""),
-    }
+    finding = Finding("error", "unreadable", None, None, exc.problem + (f" (fix: {exc.fix})" if exc.fix else ""))
     return json.dumps(
-        {"report_version": REPORT_VERSION, "path": str(path), "ok": False, "summary": None, "findings": [finding]},
+        {
+            "report_version": REPORT_VERSION,
+            "path": str(path),
+            "ok": False,
+            "summary": None,
+            "findings": [asdict(finding)],
+        },
         indent=2,
     )
