@@ -40,14 +40,13 @@ the channel over the imagined steps, in %; not given where the level is near zer
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from wmcheck.checks.regimes import bin_of, quantile_edges
-from wmcheck.checks.stats import t_isf
+from wmcheck.checks.stats import half_steps, t_critical
 
 MIN_STEPS = 3  # imagined steps a block needs in a regime bin to count there
 BINS = 8  # quantile bins of the held-out real values per control
@@ -187,12 +186,7 @@ class BiasTest:
         """(C, 2) Welch interval of the difference (normalised units). The degrees of freedom are
         rounded down to half steps, as for the Bonferroni critical values (a slightly wider,
         conservative interval; the few distinct quantiles are computed once)."""
-        q = np.array(
-            [
-                _t_critical((1 - level) / 2, int(_half_steps(np.array([d]))[0])) if np.isfinite(d) and d > 0 else np.nan
-                for d in self.df
-            ]
-        )
+        q = np.array([t_critical((1 - level) / 2, d) if np.isfinite(d) and d > 0 else np.nan for d in self.df])
         return np.stack([self.difference - q * self.se, self.difference + q * self.se], 1)
 
 
@@ -267,17 +261,6 @@ def _max_t_threshold(null_max: np.ndarray, level: float) -> float:
     return max(float(null_max[P - k + 1]), 1e-12) if 2 <= k <= P else float("inf")
 
 
-def _half_steps(df: np.ndarray) -> np.ndarray:
-    """Degrees of freedom (> 0) rounded down to half steps, as twice their value (>= 1; capped at
-    2000, where t is normal): the keys of the cached quantiles."""
-    return np.maximum(np.floor(np.minimum(df, 2000.0) * 2.0).astype(int), 1)
-
-
-@functools.lru_cache(maxsize=8192)
-def _t_critical(p: float, half_df: int) -> float:
-    return t_isf(p, half_df / 2.0)
-
-
 def _bonferroni(df: np.ndarray, level: float) -> np.ndarray:
     """Each cell's two-sided Bonferroni critical |t| at `level` over the cells. The degrees of freedom
     are rounded down to half steps (a slightly larger, i.e. conservative, critical value), so that the
@@ -286,9 +269,9 @@ def _bonferroni(df: np.ndarray, level: float) -> np.ndarray:
     df = np.asarray(df, float)
     out = np.full(len(df), np.inf)
     ok = np.isfinite(df) & (df > 0)
-    keys = _half_steps(df[ok])
+    keys = half_steps(df[ok])
     p = level / (2 * max(len(df), 1))
-    crit = {int(k): _t_critical(p, int(k)) for k in np.unique(keys)}
+    crit = {int(k): t_critical(p, k / 2.0) for k in np.unique(keys)}
     out[ok] = [crit[int(k)] for k in keys]
     return out
 

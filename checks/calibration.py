@@ -163,7 +163,7 @@ def calibrate(
     run_dir = Path(run_dir)
     cfg = cfg or CheckConfig()
     bundle: ModelBundle = load_model(run_dir)
-    log_path = Path(log_path) if log_path else _training_log(run_dir)
+    log_path = Path(log_path) if log_path else training_log(run_dir)
     if not log_path.exists():
         raise UserError(f"training log {log_path} not found", f"pass it: `wmcheck calibrate {run_dir} LOG.h5`")
     data_hash = file_sha256(log_path)
@@ -300,7 +300,8 @@ def reward_resolution(model, blocks, chunk: int = 64) -> tuple[float, float]:
     return float(np.concatenate(errs).mean()), float(np.concatenate(rewards).std())
 
 
-def _training_log(run_dir: Path) -> Path:
+def training_log(run_dir: Path) -> Path:
+    """The log a run was trained on (RUNDIR/data.json)."""
     data = run_dir / "data.json"
     if not data.exists():
         raise UserError(

@@ -12,6 +12,7 @@ Per block (context C, horizon H, D channels):
   div_late      mean z^2 over the second half of the horizon (reported; the dynamics test uses
                 the growth of div_curve instead)
   nll           mean one-step predictive NLL over steps t >= C and channels (silent incoherence)
+  nll_steps     (L - C,) the same per step (the runtime guard's rollback windows)
   kl            mean KL(post || prior) over steps t >= C (surprise of each transition)
   disagreement  mean ensemble disagreement over steps t >= C and channels (0 for K = 1)
   support       mean distance of the block's latent states to the training latents, in units
@@ -46,6 +47,7 @@ class BlockScores:
     div_late: np.ndarray  # (n,)
     nll: np.ndarray  # (n,)
     nll_channel: np.ndarray  # (n, D)
+    nll_steps: np.ndarray  # (n, L - C) one-step NLL of every step t >= C, mean over channels (runtime guard)
     kl: np.ndarray  # (n,)
     disagreement: np.ndarray  # (n,)
     support: np.ndarray  # (n,)
@@ -157,6 +159,7 @@ def score_blocks(
             nll = s["nll"][:, C:]  # (n, L-C, D)
             parts["nll"].append(nll.mean((1, 2)))
             parts["nll_channel"].append(nll.mean(1))
+            parts["nll_steps"].append(nll.mean(2))
             parts["kl"].append(s["kl"][:, C:].mean(1))
             parts["disagreement"].append(s["disagreement"][:, C:].mean((1, 2)))
             err = s["error"][:, C:].numpy()  # (n, L-C, D)

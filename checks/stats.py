@@ -20,6 +20,7 @@ alpha), so the checks pass episode labels, and episodes are the units of every v
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -49,6 +50,23 @@ def t_isf(p: float, df: float) -> float:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if t_sf(mid, df) > p else (lo, mid)
     return 0.5 * (lo + hi)
+
+
+def half_steps(df: np.ndarray) -> np.ndarray:
+    """Degrees of freedom (> 0) rounded down to half steps, as twice their value (>= 1; capped at
+    2000, where t is normal): the keys of `t_critical`'s cached quantiles."""
+    return np.maximum(np.floor(np.minimum(df, 2000.0) * 2.0).astype(int), 1)
+
+
+@functools.lru_cache(maxsize=8192)
+def _t_critical_half(p: float, half_df: int) -> float:
+    return t_isf(p, half_df / 2.0)
+
+
+def t_critical(p: float, df: float) -> float:
+    """`t_isf(p, df)` with df rounded down to a half step (a slightly larger, i.e. conservative,
+    quantile), cached: the few distinct values are bisected once, not per cell and call."""
+    return _t_critical_half(float(p), int(half_steps(np.array([df]))[0]))
 
 
 def _betainc(a: float, b: float, x: float) -> float:

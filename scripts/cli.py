@@ -30,6 +30,7 @@ SUBCOMMANDS = [
     "cmd_train",
     "cmd_calibrate",
     "cmd_check",
+    "cmd_monitor",
     "cmd_demo",
 ]
 

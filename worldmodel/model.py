@@ -183,8 +183,9 @@ class WorldModel(nn.Module):
           disagreement (B, T, D) std across prior heads of the decoded one-step mean (0 for K=1)
           prior_jsd    (B, T)    Jensen-Shannon divergence among the heads' priors (0 for K=1)
           feat         (B, T, F) posterior features, for support/coverage measures
+          last         the posterior `State` after the last step (the carry of an online filter)
         """
-        obsd, _ = self.observe(seq, state, sample=False)
+        obsd, last = self.observe(seq, state, sample=False)
         K, S = self.cfg.ensemble, samples
         deter = obsd.state.deter  # (B, T, deter)
         prior = obsd.prior_logp  # (B, T, K, S_lat, C)
@@ -222,6 +223,7 @@ class WorldModel(nn.Module):
             "disagreement": disagreement,
             "prior_jsd": jsd,
             "feat": obsd.state.feat().float(),
+            "last": last,
         }
 
     # ------------------------------------------------------------------ open loop

@@ -1,0 +1,1 @@
+"""After release: a competence-aware safety wrapper around a deployed policy (`guard.py`)."""

@@ -1,0 +1,360 @@
+"""A competence-aware safety wrapper around a deployed policy, driven by the world model.
+
+Owns `Guard` (a plain object for a control loop: `reset(obs)`, then `act(obs, proposed)` every
+step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the guard:
+  1. filters the new observation into the model's latent state (the posterior, given the action
+     it applied last step), and scores that observation's one-step prediction (NLL per channel);
+  2. (b) competence, from step `context` on (the calibration's context: before it the latent
+     state has not converged, and `warmup_controller` acts): the latent state's distance to the
+     training latents, in the calibration's units, against the held-out real steps' (1 -
+     competence_alpha) quantile; with an ensemble, the heads' disagreement averaged over the last
+     `horizon` steps against the real blocks' quantile. Outside for `enter_steps` consecutive
+     steps -> the fallback controller acts; inside again for `exit_steps` consecutive steps -> the
+     policy acts again (hysteresis);
+  3. (c) rollback: every `rollback_window` steps after the warm-up, the mean one-step NLL of those
+     steps gets its conformal p-value against every window of as many consecutive steps in the
+     held-out real blocks (`BlockScores.nll_steps`); `consecutive` windows in a row at or below
+     `rollback_alpha` raise the rollback signal (the `on_rollback` callback, once per episode).
+     Under faithful operation a window is flagged with probability about rollback_alpha (the
+     real windows overlap, so the reference is not exchangeable sample by sample);
+  4. (a) projects the chosen action into the envelope of the real logs: per-channel bounds (the
+     training log's range unless given) and, when given or computed from the training log, a
+     rate limit on the per-step change;
+  5. records the step (`decisions`), and `write_log` saves the applied trajectory as a wmcheck log
+     (source "policy": it can be checked and monitored) and the decisions beside it (JSON).
+Only CPU torch in inference mode; `scripts/bench_guard.py` measures the per-step overhead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from wmcheck.checks.calibration import Calibration
+from wmcheck.checks.scoring import support_distance
+from wmcheck.checks.stats import conformal_p
+from wmcheck.datasets.atomic import write_text_atomic
+from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.normalize import Normalizer
+from wmcheck.datasets.windows import Batch
+from wmcheck.training.checkpoint import load_model
+
+
+@dataclass
+class GuardConfig:
+    """How the guard decides; the thresholds themselves come from the run's calibration."""
+
+    competence_alpha: float | None = None  # None: the calibration's competence_alpha
+    enter_steps: int = 2  # consecutive out-of-competence steps before the fallback takes over
+    exit_steps: int = 10  # consecutive competent steps before the policy acts again
+    rollback_window: int = 8  # steps per rollback window
+    rollback_alpha: float = 0.01  # a window's conformal p at or below this is flagged
+    consecutive: int = 2  # flagged windows in a row that raise the rollback signal
+    warmup_controller: str = "policy"  # who acts in the first `context` steps, before the latent has converged
+    samples: int = 4  # latent draws of the one-step predictive mixture
+    seed: int = 0
+
+
+@dataclass
+class Step:
+    """One step's decision (the guard's log)."""
+
+    t: int
+    proposed: list[float]
+    applied: list[float]
+    controller: str  # "policy" | "fallback"
+    support: float  # latent distance to the training latents (calibration units)
+    competent: bool
+    nll: float  # one-step predictive NLL of this step's observation (mean over channels)
+    projected: bool  # the action was clipped into bounds / rate limits
+    window_p: float | None = None  # the conformal p of a window ending here
+    rollback: bool = False
+
+
+@dataclass
+class Envelope:
+    """Action bounds (A,) low / high and an optional per-step rate limit (A,), physical units."""
+
+    low: np.ndarray
+    high: np.ndarray
+    rate: np.ndarray | None = None
+
+    def project(self, action: np.ndarray, previous: np.ndarray | None) -> tuple[np.ndarray, bool]:
+        a = np.clip(action, self.low, self.high)
+        if self.rate is not None and previous is not None:
+            a = np.clip(a, previous - self.rate, previous + self.rate)
+        return a, bool(np.any(np.abs(a - action) > 1e-9))
+
+
+def real_windows(nll_steps: np.ndarray, width: int) -> np.ndarray:
+    """Means of every `width` consecutive steps of every real block: nll_steps (m, S) -> (m * (S - width + 1),)."""
+    x = np.asarray(nll_steps, float)
+    if x.ndim != 2 or x.shape[1] < width:
+        return np.zeros(0)
+    c = np.cumsum(np.pad(x, ((0, 0), (1, 0))), axis=1)  # (m, S + 1)
+    return ((c[:, width:] - c[:, :-width]) / width).reshape(-1)
+
+
+def training_envelope(run_dir: str | Path) -> Envelope:
+    """The envelope of the log a run was trained on: each command channel's range and its largest
+    per-step change within an episode."""
+    from wmcheck.checks.calibration import training_log
+    from wmcheck.datasets.logformat import open_log
+
+    with open_log(training_log(Path(run_dir))) as log:
+        acts = [log.read(i, groups=False).actions for i in log.episode_ids]
+    acts = [a for a in acts if len(a) > 1]
+    if not acts:
+        raise UserError(f"{run_dir}: the training log has no episode of two steps to measure rate limits on")
+    allv = np.concatenate(acts)
+    rate = np.max([np.abs(np.diff(a, axis=0)).max(0) for a in acts], 0)
+    return Envelope(allv.min(0).astype(float), allv.max(0).astype(float), rate.astype(float))
+
+
+class Guard:
+    """See the module docstring. `fallback(obs) -> action` is the validated controller."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        fallback=None,
+        config: GuardConfig | None = None,
+        envelope: Envelope | None = None,
+        on_rollback=None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.cfg = config or GuardConfig()
+        self.bundle = load_model(self.run_dir)
+        self.model = self.bundle.model.eval()
+        self.cal = Calibration.load(self.run_dir)
+        if self.cal.info.get("model_sha256") != self.bundle.file_hash:
+            raise UserError(
+                f"{self.run_dir}/calibration.json belongs to another model.pt",
+                f"re-run `wmcheck calibrate {self.run_dir}`",
+            )
+        self.norm = Normalizer.from_dict(self.bundle.normalizer)
+        if self.norm.dim("input"):
+            raise UserError(
+                "this model conditions on exogenous inputs; the guard does not take them yet",
+                "guard a model trained on commands only",
+            )
+        self.fallback = fallback
+        self.on_rollback = on_rollback
+        self.envelope = envelope or self._log_envelope()
+        a = self.cfg.competence_alpha if self.cfg.competence_alpha is not None else self.cal.config.competence_alpha
+        self.support_bound = float(np.quantile(self.cal.real.support_steps, 1 - a))
+        dis = self.cal.real.disagreement
+        self.disagreement_bound = float(np.quantile(dis, 1 - a)) if dis.max() > 0 else None
+        self.context, self.window = self.cal.config.context, self.cal.config.horizon
+        self.real_nll = real_windows(self.cal.real.nll_steps, self.cfg.rollback_window)
+        if not len(self.real_nll):
+            raise UserError(
+                f"{self.run_dir}: the calibration has no per-step NLL of real blocks (or blocks shorter than "
+                f"{self.cfg.rollback_window} steps)",
+                f"re-run `wmcheck calibrate {self.run_dir}` (or a smaller rollback_window)",
+            )
+        self.support_ref = self.cal.support_ref
+        self.decisions: list[Step] = []
+        self._episodes: list[dict] = []
+        torch.manual_seed(self.cfg.seed)
+
+    def _log_envelope(self) -> Envelope:
+        rng = self.norm.range["action"]
+        if rng is None:
+            raise UserError(f"{self.run_dir}: the model does not record its training commands' range", "pass envelope=")
+        return Envelope(np.asarray(rng[0], float), np.asarray(rng[1], float))
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, obs) -> None:
+        """Start an episode at observation `obs` (physical units)."""
+        self._close_episode()
+        self.state = None
+        self.t = 0
+        self.prev_applied = None
+        self.mode = "policy"
+        self.out_run = self.in_run = 0
+        self.nll_window: deque = deque(maxlen=self.cfg.rollback_window)
+        self.dis_window: deque = deque(maxlen=self.window)
+        self.flagged_run = 0
+        self.rolled_back = False
+        self._obs = [np.asarray(obs, np.float32)]
+        self._acts: list[np.ndarray] = []
+        self._filter(np.asarray(obs, np.float32), first=True)
+
+    @torch.inference_mode()
+    def _filter(self, obs: np.ndarray, first: bool) -> None:
+        """Update the latent state with `obs` (given the last applied action); keep its scores."""
+        A = self.norm.dim("action")
+        prev = np.zeros(A, np.float32) if first else self.norm.norm_action(self.prev_applied).astype(np.float32)
+        batch = Batch(
+            self.norm.norm_obs(obs).astype(np.float32)[None, None],
+            prev[None, None],
+            np.zeros((1, 1, 0), np.float32),
+            np.zeros((1, 1), np.float32),
+            np.array([[first]]),
+            np.array([[False]]),
+            np.array([[False]]),
+        ).to_torch()
+        s = self.model.scores(batch, self.state, samples=self.cfg.samples)
+        self.state = s["last"]
+        self.last_nll = float(s["nll"][0, 0].mean())
+        self.last_dis = float(s["disagreement"][0, 0].mean())
+        deter = s["feat"][0, :, : self.model.cfg.deter].numpy()  # (1, deter)
+        self.last_support = float(support_distance(deter, self.support_ref, self.cal.support_scale)[0])
+
+    def act(self, obs, proposed) -> np.ndarray:
+        """The action to apply at observation `obs` (physical units), given the policy's `proposed`."""
+        obs = np.asarray(obs, np.float32)
+        proposed = np.asarray(proposed, np.float64).reshape(-1)
+        if self.t > 0:
+            self._filter(obs, first=False)
+            self._obs.append(obs)
+        warm = self.t >= self.context
+        competent = self._competent() if warm else True
+        if warm:
+            self._switch(competent)
+        else:
+            self.mode = "fallback" if self.cfg.warmup_controller == "fallback" else "policy"
+        chosen = proposed
+        if self.mode == "fallback" and self.fallback is not None:
+            chosen = np.asarray(self.fallback(obs), np.float64).reshape(-1)
+        applied, projected = self.envelope.project(chosen, self.prev_applied)
+        step = Step(
+            self.t,
+            proposed.tolist(),
+            applied.tolist(),
+            self.mode if self.fallback is not None else "policy",
+            self.last_support,
+            competent,
+            self.last_nll,
+            projected,
+        )
+        self._rollback_check(step)
+        self.decisions.append(step)
+        self.prev_applied = applied
+        self._acts.append(applied.astype(np.float32))
+        self.t += 1
+        return applied.astype(np.float32)
+
+    def _competent(self) -> bool:
+        ok = self.last_support <= self.support_bound
+        if self.disagreement_bound is not None:
+            self.dis_window.append(self.last_dis)
+            if len(self.dis_window) == self.window:
+                ok &= float(np.mean(self.dis_window)) <= self.disagreement_bound
+        return bool(ok)
+
+    def _switch(self, competent: bool) -> None:
+        """Hysteresis between the policy and the fallback."""
+        if competent:
+            self.in_run, self.out_run = self.in_run + 1, 0
+            if self.mode == "fallback" and self.in_run >= self.cfg.exit_steps:
+                self.mode = "policy"
+        else:
+            self.out_run, self.in_run = self.out_run + 1, 0
+            if self.mode == "policy" and self.out_run >= self.cfg.enter_steps:
+                self.mode = "fallback"
+
+    def _rollback_check(self, step: Step) -> None:
+        """Every rollback window after the warm-up: its conformal p; `consecutive` flagged in a row roll back."""
+        if self.t < self.context:
+            return
+        self.nll_window.append(self.last_nll)
+        if (self.t - self.context + 1) % self.cfg.rollback_window:
+            return
+        p = float(conformal_p(np.mean(self.nll_window), self.real_nll)[0])
+        step.window_p = p
+        self.flagged_run = self.flagged_run + 1 if p <= self.cfg.rollback_alpha else 0
+        if self.flagged_run >= self.cfg.consecutive and not self.rolled_back:
+            self.rolled_back = step.rollback = True
+            if self.on_rollback is not None:
+                self.on_rollback(step)
+
+    def finish(self, obs) -> None:
+        """The episode's final observation (after its last action), for the log; `GuardedEnv` calls
+        it when the env terminates or truncates."""
+        if len(self._obs) == len(self._acts):
+            self._obs.append(np.asarray(obs, np.float32))
+
+    # ------------------------------------------------------------------ log
+    def _close_episode(self) -> None:
+        """Keep the episode for `write_log`: N actions and N + 1 observations (without a final
+        observation, the last action is dropped)."""
+        acts = getattr(self, "_acts", [])
+        n = min(len(acts), len(self._obs) - 1) if acts else 0
+        if n > 0:
+            self._episodes.append({"obs": np.array(self._obs[: n + 1]), "acts": np.array(acts[:n])})
+        self._acts = []
+
+    def write_log(self, path: str | Path) -> tuple[Path, Path]:
+        """The applied trajectories as a wmcheck log (source "policy") and the decisions as JSON beside it."""
+        from wmcheck.datasets.episode import Episode, LogMeta
+        from wmcheck.datasets.logformat import write_log
+
+        self._close_episode()
+        path = Path(path)
+        ch = self.bundle.channels
+        eps = [
+            Episode(e["obs"].astype(np.float32), e["acts"].astype(np.float32), id=i)
+            for i, e in enumerate(self._episodes)
+        ]
+        meta = LogMeta(
+            source="policy",
+            dt=ch.get("dt"),
+            observation_names=list(ch.get("observation_names", [])),
+            action_names=list(ch.get("action_names", [])),
+            units=dict(ch.get("units", {})),
+        )
+        write_log(path, eps, meta)
+        side = path.with_suffix(".decisions.json")
+        write_text_atomic(side, json.dumps([vars(s) for s in self.decisions]))
+        return path, side
+
+    # ------------------------------------------------------------------ summary
+    def summary(self) -> dict:
+        d = self.decisions
+        return {
+            "steps": len(d),
+            "fallback_steps": sum(s.controller == "fallback" for s in d),
+            "projected_steps": sum(s.projected for s in d),
+            "rollbacks": sum(s.rollback for s in d),
+            "first_fallback": next((s.t for s in d if s.controller == "fallback"), None),
+            "first_rollback": next((s.t for s in d if s.rollback), None),
+        }
+
+
+class GuardedEnv(gym.Wrapper):
+    """A gymnasium env whose actions pass through a `Guard`: `step(proposed)` applies
+    `guard.act(last_obs, proposed)`; `info["guard"]` says what the guard did."""
+
+    def __init__(self, env, guard: Guard):
+        super().__init__(env)
+        self.guard = guard
+        self._obs = None
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.guard.reset(obs)
+        self._obs = obs
+        return obs, info
+
+    def step(self, action):
+        applied = self.guard.act(self._obs, action)
+        obs, reward, term, trunc, info = self.env.step(applied)
+        self._obs = obs
+        if term or trunc:
+            self.guard.finish(obs)
+        step = self.guard.decisions[-1]
+        return (
+            obs,
+            reward,
+            term,
+            trunc,
+            {**info, "guard": {"applied": applied, "controller": step.controller, "rollback": step.rollback}},
+        )

@@ -1,0 +1,138 @@
+"""The runtime guard (runtime/guard.py) around a policy on Pendulum-v1, with faults injected by the
+reality wrappers: quiet on the faithful system, a rollback for a sensor drift and for a latency, the
+fallback for readings outside the training logs, actions kept inside the logs' envelope, and every
+decision in a log wmcheck reads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from wmcheck.checks.reality import RealityProfile, make_reality_env
+from wmcheck.runtime.guard import Envelope, Guard, GuardConfig, GuardedEnv, real_windows, training_envelope
+
+STEPS = 200
+
+
+def hold_policy(seed: int):
+    """The recording's own excitation (sample-and-hold torques): inside the model's competence."""
+    rng = np.random.default_rng(seed)
+    state = {"t": 0, "a": np.zeros(1)}
+
+    def act(_obs):
+        if state["t"] % 5 == 0:
+            state["a"] = rng.uniform(-2, 2, size=1)
+        state["t"] += 1
+        return state["a"]
+
+    return act
+
+
+def run(run_dir, profile: RealityProfile, episodes: int, seed: int, **cfg):
+    rollbacks = []
+    guard = Guard(run_dir, fallback=lambda obs: np.zeros(1), config=GuardConfig(**cfg), on_rollback=rollbacks.append)
+    env = GuardedEnv(make_reality_env("Pendulum-v1", profile.to_dict()), guard)
+    per_episode = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + i)
+        policy = hold_policy(seed + i)
+        start = len(guard.decisions)
+        for _ in range(STEPS):
+            obs, *_ = env.step(policy(obs))
+        steps = guard.decisions[start:]
+        per_episode.append(
+            {
+                "fallback": sum(s.controller == "fallback" for s in steps),
+                "rollback": next((s.t for s in steps if s.rollback), None),
+                "first_fallback": next((s.t for s in steps if s.controller == "fallback"), None),
+            }
+        )
+    env.close()
+    return guard, per_episode, rollbacks
+
+
+@pytest.fixture(scope="module")
+def faults(pendulum_checked):
+    run_dir = pendulum_checked[0]
+    return run_dir, {
+        "faithful": run(run_dir, RealityProfile(), 6, 100),
+        "sensor_drift": run(run_dir, RealityProfile(sensor_drift=[0, 0, 0.02]), 3, 200),
+        "latency": run(run_dir, RealityProfile(latency_steps=3), 4, 300),
+        "off_range_sensor": run(run_dir, RealityProfile(sensor_bias=[2.0, 0, 0]), 2, 400),
+    }
+
+
+def test_faithful_runs_stay_with_the_policy(faults):
+    _, runs = faults
+    guard, eps, rollbacks = runs["faithful"]
+    assert not rollbacks and all(e["rollback"] is None for e in eps)
+    fallback_share = sum(e["fallback"] for e in eps) / (len(eps) * STEPS)
+    assert fallback_share <= 0.05, fallback_share  # competence_alpha 0.01 per step, with hysteresis
+    assert all(s.controller == "policy" for s in guard.decisions if s.t < guard.context)  # warm-up
+
+
+def test_a_sensor_drift_rolls_back_within_100_steps(faults):
+    """A 0.02 rad/s per step drift of theta_dot: rolled back in every episode, by step 100 (2 rad/s)."""
+    _, runs = faults
+    _, eps, rollbacks = runs["sensor_drift"]
+    assert len(rollbacks) == len(eps)
+    assert all(e["rollback"] is not None and e["rollback"] <= 100 for e in eps), eps
+
+
+def test_a_latency_lowers_the_window_p_values_and_rolls_back(faults):
+    _, runs = faults
+    p = {k: [s.window_p for s in runs[k][0].decisions if s.window_p is not None] for k in ("faithful", "latency")}
+    assert np.median(p["latency"]) < np.median(p["faithful"]) / 2, {k: np.median(v) for k, v in p.items()}
+    assert sum(e["rollback"] is not None for e in runs["latency"][1]) >= 2, runs["latency"][1]
+
+
+def test_readings_outside_the_logs_hand_over_to_the_fallback(faults):
+    """cos(theta) read 2.0 too high (outside every logged value): the fallback acts right after the warm-up."""
+    _, runs = faults
+    guard, eps, _ = runs["off_range_sensor"]
+    for e in eps:
+        assert e["first_fallback"] is not None and e["first_fallback"] <= guard.context + guard.cfg.enter_steps, eps
+        assert e["fallback"] >= 0.8 * (STEPS - guard.context), eps
+    applied = [s for s in guard.decisions if s.controller == "fallback"]
+    assert all(s.applied == [0.0] for s in applied)  # the fallback's action, not the policy's
+
+
+def test_the_envelope_projects_into_the_training_log(pendulum_checked):
+    from wmcheck.checks.calibration import training_log
+    from wmcheck.datasets.logformat import open_log
+
+    run_dir = pendulum_checked[0]
+    env = training_envelope(run_dir)
+    with open_log(training_log(run_dir)) as log:
+        acts = [log.read(i, groups=False).actions for i in log.episode_ids]
+    assert np.allclose(env.low, np.concatenate(acts).min(0)) and np.allclose(env.high, np.concatenate(acts).max(0))
+    assert np.allclose(env.rate, max(np.abs(np.diff(a, axis=0)).max() for a in acts))
+    box = Envelope(np.array([-1.0]), np.array([1.0]), np.array([0.5]))
+    a, clipped = box.project(np.array([3.0]), None)
+    assert a.tolist() == [1.0] and clipped
+    a, clipped = box.project(np.array([-1.0]), np.array([1.0]))
+    assert a.tolist() == [0.5] and clipped  # rate limit: at most 0.5 per step
+    a, clipped = box.project(np.array([0.7]), np.array([0.5]))
+    assert a.tolist() == [0.7] and not clipped
+
+
+def test_real_windows_are_every_run_of_consecutive_steps():
+    x = np.arange(12, dtype=float).reshape(2, 6)
+    got = real_windows(x, 3)
+    want = [x[i, s : s + 3].mean() for i in range(2) for s in range(4)]
+    assert np.allclose(got, want) and len(real_windows(x, 7)) == 0
+
+
+def test_decisions_are_a_log_wmcheck_reads(faults, tmp_path):
+    from wmcheck.checks.model_log import read_log_for_model
+
+    run_dir, runs = faults
+    guard = runs["off_range_sensor"][0]
+    path, side = guard.write_log(tmp_path / "guarded.h5")
+    meta, episodes = read_log_for_model(path, guard.bundle.channels)
+    assert meta.source == "policy" and len(episodes) == 2 and episodes[0].num_steps == STEPS
+    decisions = json.loads(side.read_text())
+    assert len(decisions) == 2 * STEPS and {"controller", "support", "window_p", "rollback"} <= set(decisions[0])
+    assert np.allclose(episodes[0].actions[:, 0], [d["applied"][0] for d in decisions[:STEPS]])

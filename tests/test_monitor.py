@@ -1,0 +1,120 @@
+"""`wmcheck monitor`: new real Pendulum logs, period by period, against a model trained on real logs.
+Faithful new logs stay stable, a sensor bias is named with its size, the state folder makes a
+re-run add nothing, and bad settings are a clean exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from wmcheck.checks.monitor import NewEpisode, Period, State, group_periods
+from wmcheck.datasets.errors import UserError
+from wmcheck.scripts.cli import main
+
+DAY = 86400.0
+T0 = 1.7e9  # 2023-11-14, a real date
+
+
+def _ep(i, start=None):
+    return NewEpisode(f"fp{i}", None, "new.h5", start, [0.0])
+
+
+def test_periods_parse_and_label():
+    assert Period.parse("5").episodes == 5 and Period.parse("3 episodes").episodes == 3
+    assert Period.parse("7d").seconds == 7 * DAY and Period.parse("12h").seconds == 12 * 3600
+    assert Period.parse("1d").label(int(T0 // DAY)) == "2023-11-14"
+    for bad in ("0", "week", "-1d", ""):
+        with pytest.raises(UserError):
+            Period.parse(bad)
+
+
+def test_episode_periods_keep_the_unfinished_one_pending():
+    state = State("h", {}, [])
+    looks = group_periods(Period.parse("4"), state, [_ep(i) for i in range(10)])
+    assert [k for k, _ in looks] == [0, 1] and [len(e) for _, e in looks] == [4, 4]
+    assert [e["fingerprint"] for e in state.pending] == ["fp8", "fp9"]
+    state.looks = [{"key": 1, "episodes": []}]
+    more = group_periods(Period.parse("4"), state, [_ep(i) for i in range(10, 12)])
+    assert [k for k, _ in more] == [2] and [e["fingerprint"] for e in more[0][1]] == ["fp8", "fp9", "fp10", "fp11"]
+
+
+def test_calendar_periods_need_dates_and_come_in_order():
+    state = State("h", {}, [])
+    eps = [_ep(i, T0 + i * 0.4 * DAY) for i in range(6)]  # 6 episodes over 2.4 days
+    looks = group_periods(Period.parse("1d"), state, eps)
+    assert sum(len(e) for _, e in looks) == 6 and [k for k, _ in looks] == sorted(k for k, _ in looks)
+    assert all(int(e["start_time"] // DAY) == k for k, es in looks for e in es)
+    state.looks = [{"key": looks[-1][0], "episodes": []}]
+    with pytest.raises(UserError, match="already tested"):
+        group_periods(Period.parse("1d"), state, [_ep(9, T0)])
+    with pytest.raises(UserError, match="relative clock"):
+        group_periods(Period.parse("1d"), State("h", {}, []), [_ep(1, 0.0)])
+    with pytest.raises(UserError, match="no timestamps"):
+        group_periods(Period.parse("1d"), State("h", {}, []), [_ep(1, None)])
+
+
+@pytest.fixture(scope="module")
+def new_logs(pendulum_checked):
+    from wmcheck.checks.reality import RealityProfile, record_reality
+    from wmcheck.datasets.logformat import write_log
+
+    run, meta, tmp = pendulum_checked
+    logs = {}
+    for name, profile, n, seed in [
+        ("faithful", RealityProfile(), 36, 500),
+        ("biased", RealityProfile(sensor_bias=[0, 0, 0.6]), 12, 900),
+    ]:
+        logs[name] = tmp / f"monitor_{name}.h5"
+        write_log(
+            logs[name], record_reality("Pendulum-v1", profile, "hold:5", episodes=n, max_steps=200, seed=seed), meta
+        )
+    return run, logs, tmp
+
+
+def test_monitor_stays_stable_then_finds_a_drift(new_logs, capsys):
+    """36 faithful episodes (6 looks of 6: 4 baseline looks, then 2 against the grown reference)
+    stay stable at the default budget; a 0.6 rad/s theta_dot sensor bias from look 7 on drifts
+    within its two looks, with an interval that excludes reality."""
+    run, logs, tmp = new_logs
+    out = tmp / "monitor"
+    args = ["monitor", str(run), "--out", str(out), "--period", "6", "--no-tensorboard"]
+    assert main(args + ["--real", str(logs["faithful"])]) == 0
+    report = json.loads((out / "monitor.json").read_text())
+    assert [lk["verdict"] for lk in report["looks"]][1:] == ["stable"] * 5
+    assert report["looks"][0]["verdict"] in ("stable", "inconclusive")  # 6 held-out episodes: p >= 1/924
+    held = report["reference"]["episodes"]
+    assert [lk["reference_episodes"] for lk in report["looks"]] == [held] * 4 + [held + 24] * 2
+    assert "P(any false alarm in 52 looks) <= 0.05" in report["guarantee"]
+    assert (out / "monitor.html").read_text().count("<tr>") == 7  # header + 6 looks
+
+    # the same log again adds nothing: every episode is in the state
+    assert main(args + ["--real", str(logs["faithful"])]) == 0
+    assert "No new period" in capsys.readouterr().out
+    assert len(json.loads((out / "monitor.json").read_text())["looks"]) == 6
+
+    assert main(args + ["--real", str(logs["biased"])]) == 1
+    report = json.loads((out / "monitor.json").read_text())
+    assert [lk["verdict"] for lk in report["looks"][:6]].count("drifted") == 0
+    drifted = [lk for lk in report["looks"][6:] if lk["verdict"] == "drifted"]
+    assert drifted, [lk["verdict"] for lk in report["looks"]]
+    findings = [f for lk in drifted for f in lk["findings"]]
+    assert findings and all(f["p_value"] <= lk["windows"]["1"]["level"] for lk in drifted for f in lk["findings"])
+    div = [f for f in findings if f["feature"] == "divergence"]
+    assert div and all(f["ci95"][0] > 1 for f in div), findings  # the model's error grew, interval above 1x
+    assert not [f for f in findings if f["feature"].endswith(":cos_theta") and f["kind"] == "bias"]
+
+
+def test_monitor_refuses_other_settings_and_timestamp_free_calendar_periods(new_logs, capsys):
+    run, logs, tmp = new_logs
+    out = tmp / "monitor_settings"
+    base = ["monitor", str(run), "--real", str(logs["faithful"]), "--out", str(out), "--no-tensorboard"]
+    assert main(base + ["--period", "1d"]) == 2
+    assert "no timestamps" in capsys.readouterr().err
+    assert main(base + ["--period", "16"]) == 0
+    assert main(base + ["--period", "16", "--alpha", "0.1"]) == 2
+    assert "other settings" in capsys.readouterr().err
+    state = json.loads((out / "monitor_state.json").read_text())
+    assert len(state["looks"]) == 2 and len(state["pending"]) == 4  # 36 episodes: 2 looks of 16, 4 waiting
+    assert np.isfinite(state["looks"][0]["windows"]["1"]["p_value"])
