@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import browser
 import numpy as np
 import pytest
 
@@ -236,29 +237,8 @@ def test_report_files_schema_html_and_gate(pendulum, latency_report, tmp_path):
         jsonschema.validate(bad, schema())
     assert any(p.name.startswith("events") for p in (tmp_path / "report" / "tb").iterdir())
     # The HTML report renders in a real headless browser and shows the verdict and the gap table.
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if chromium is None:
-        pytest.skip("chromium not installed (scripts/setup.sh installs it)")
-    out = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'chrome'}",
-            "--virtual-time-budget=3000",
-            "--dump-dom",
-            paths["html"].resolve().as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    dom = out.stdout
-    assert 'id="verdict"' in dom and "FAIL" in dom, out.stderr[-2000:]
+    dom = browser.dom(paths["html"], tmp_path)
+    assert 'id="verdict"' in dom and "FAIL" in dom
     assert 'id="gap-table"' in dom and dom.count("<tr>") >= 7 and "latency" in dom
     assert '<img src="data:image/png;base64,' in dom  # figures embedded, no network
     # A gate that tolerates a 2-step latency turns the same finding into a pass (amber row).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import browser
 import numpy as np
 import pytest
 
@@ -94,8 +95,9 @@ def test_monitor_stays_stable_then_finds_a_drift(new_logs, capsys):
     assert "No new period" in capsys.readouterr().out
     assert len(json.loads((out / "monitor.json").read_text())["looks"]) == 6
 
-    assert main(args + ["--real", str(logs["biased"])]) == 1
+    assert main([a for a in args if a != "--no-tensorboard"] + ["--real", str(logs["biased"])]) == 1
     report = json.loads((out / "monitor.json").read_text())
+    assert any(p.name.startswith("events") for p in (out / "tb").iterdir())  # the new looks' scalars
     assert [lk["verdict"] for lk in report["looks"][:6]].count("drifted") == 0
     drifted = [lk for lk in report["looks"][6:] if lk["verdict"] == "drifted"]
     assert drifted, [lk["verdict"] for lk in report["looks"]]
@@ -104,6 +106,10 @@ def test_monitor_stays_stable_then_finds_a_drift(new_logs, capsys):
     div = [f for f in findings if f["feature"] == "divergence"]
     assert div and all(f["ci95"][0] > 1 for f in div), findings  # the model's error grew, interval above 1x
     assert not [f for f in findings if f["feature"].endswith(":cos_theta") and f["kind"] == "bias"]
+    # the page renders in a real browser: latest verdict, one row per look, the trend figures inline
+    dom = browser.dom(out / "monitor.html", tmp)
+    assert 'id="verdict"' in dom and report["verdict"].upper() in dom
+    assert dom.count("<tr>") == 1 + len(report["looks"]) and dom.count('src="data:image/png;base64,') == 2
 
 
 def test_monitor_refuses_other_settings_and_timestamp_free_calendar_periods(new_logs, capsys):

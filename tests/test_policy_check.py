@@ -13,10 +13,9 @@ there). The gate's policy requirements fail the check when unmet and pass it whe
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
+import browser
 import pytest
 
 from wmcheck.checks.check import run_check
@@ -111,27 +110,7 @@ def test_faithful_simulator_policy_passes_cli(swing_reality, tmp_path):
     jsonschema.validate(report, schema())
     page = (out / "report.html").read_text()
     assert 'id="policy"' in page and 'id="policy-gate"' in page and "&ge; 8" in page
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if chromium is None:
-        pytest.skip("chromium not installed (scripts/setup.sh installs it)")
-    dom = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'chrome'}",
-            "--virtual-time-budget=3000",
-            "--dump-dom",
-            (out / "report.html").resolve().as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    ).stdout
+    dom = browser.dom((out / "report.html"), tmp_path)
     assert 'id="policy-gate"' in dom and "simulator success rate (callable)" in dom and 'alt="policy returns"' in dom
 
 
