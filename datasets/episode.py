@@ -55,6 +55,8 @@ class Episode:
     id: int = 0
     seed: int | None = None
     name: str | None = None  # e.g. the machine this episode came from ("R80711"); stored as an attr
+    proposed_actions: np.ndarray | None = None  # (N, A) float32 — shadow mode: the candidate policy's
+    # proposal at observation t, while `actions` holds what the acting (baseline) controller applied
 
     @property
     def num_steps(self) -> int:

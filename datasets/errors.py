@@ -3,7 +3,9 @@
 Exit codes of every command: 0 success (a check: pass), 1 a check found a gap (fail or
 unverifiable), 2 bad input or usage (`UserError`), 3 a check is inconclusive, 4 an internal error
 (a bug in wmcheck: one line, the traceback in a log file), 130 / 143 stopped by SIGINT / SIGTERM
-(`Interrupted`: what was saved and how to resume).
+(`Interrupted`: what was saved and how to resume), 141 standard output closed by its reader (e.g.
+`| head`; the files were written). `wmcheck monitor`: 1 drifted or off-support; `wmcheck shadow`: 1
+the proposals are predicted worse, 3 unverifiable.
 
 
 Raise `UserError(problem, fix)` anywhere bad input is detected (missing file, wrong column,

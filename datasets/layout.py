@@ -246,6 +246,10 @@ def read_actions(ds: h5py.Dataset, num_classes: int | None, start: int = 0, stop
     return _as_matrix(x)  # (rows, A)
 
 
+PER_STEP_OPTIONAL = ("inputs", "rewards", "terminations", "truncations", "timestamps", "proposed_actions")
+"""The per-step datasets besides `actions` (N rows each; N + 1 for timestamps)."""
+
+
 def read_vector(ds: h5py.Dataset, start: int = 0, stop: int | None = None) -> np.ndarray:
     """A (rows, ...) numeric dataset as float32 (rows, width)."""
     return _as_matrix(_rows(ds, start, stop))

@@ -35,7 +35,7 @@ from wmcheck.datasets.episode import FORMAT_NAME, FORMAT_VERSION, Episode, LogMe
 from wmcheck.datasets.errors import UserError
 
 REQUIRED = ("observations", "actions", "terminations", "truncations")
-PER_STEP = ("actions", "inputs", "rewards", "terminations", "truncations", "timestamps")
+PER_STEP = ("actions", *L.PER_STEP_OPTIONAL)
 """The datasets with one row per step (N, or N + 1 for timestamps); observations are read by layout.py."""
 _VALIDATE_FIX = "run `wmcheck validate {path}` for the full report, then fix the importer or its mapping and re-import"
 
@@ -113,6 +113,8 @@ class LogWriter:
         g.create_dataset("truncations", data=ep.truncation_array())  # (N,)
         if ep.timestamps is not None:
             g.create_dataset("timestamps", data=np.asarray(ep.timestamps, np.float64))  # (N+1,)
+        if ep.proposed_actions is not None:  # shadow mode (N, A)
+            g.create_dataset("proposed_actions", data=np.asarray(ep.proposed_actions, np.float32))
         self._ids.add(int(ep.id))
 
     def _check(self, ep: Episode) -> None:
@@ -137,9 +139,14 @@ class LogWriter:
             ("terminations", ep.terminations, n),
             ("truncations", ep.truncations, n),
             ("timestamps", ep.timestamps, n + 1),
+            ("proposed_actions", ep.proposed_actions, n),
         ]:
             if x is not None and x.shape[0] != rows:
                 problems.append(f"{name} have {x.shape[0]} rows, expected {rows}")
+        if ep.proposed_actions is not None and np.asarray(ep.proposed_actions).shape[1:] != act.shape[1:]:
+            problems.append(
+                f"proposed_actions must be (N, A) like actions {act.shape}, got {ep.proposed_actions.shape}"
+            )
         if ep.inputs is not None and ep.inputs.ndim != 2:
             problems.append(f"inputs must be (N, E), got {ep.inputs.shape}")
         for key, x in ep.obs_groups.items():
@@ -421,6 +428,7 @@ class LogReader:
         terms = np.asarray(g["terminations"][()], bool)  # (N,)
         truncs = np.asarray(g["truncations"][()], bool)  # (N,)
         ts = np.asarray(g["timestamps"][()], np.float64) if "timestamps" in g else None  # (N+1,)
+        proposed = L.read_vector(g["proposed_actions"]) if "proposed_actions" in g else None  # (N, A)
         expected = {
             "observations": (obs, n + 1),
             "inputs": (inputs, n),
@@ -428,6 +436,7 @@ class LogReader:
             "terminations": (terms, n),
             "truncations": (truncs, n),
             "timestamps": (ts, n + 1),
+            "proposed_actions": (proposed, n),
         }
         expected.update({f"observations/{k}": (x, n + 1) for k, x in groups.items()})
         if not load_groups:
@@ -451,6 +460,8 @@ class LogReader:
                 problems.append(f"{name} contain {int((~np.isfinite(x)).sum())} NaN/inf values")
         if rewards is not None and not np.isfinite(rewards).all():
             problems.append("rewards contain NaN/inf values")
+        if proposed is not None and (proposed.shape[1] != actions.shape[1] or not np.isfinite(proposed).all()):
+            problems.append(f"proposed_actions must be finite and have the actions' {actions.shape[1]} columns")
         if ts is not None and ts.shape[0] > 1 and not (np.diff(ts) > 0).all():
             problems.append("timestamps are not strictly increasing")
         seed = g.attrs.get("seed")
@@ -471,6 +482,7 @@ class LogReader:
             id=episode_id,
             seed=seed,
             name=None if name is None else L.attr_str(name),
+            proposed_actions=proposed,
         )
         return ep, problems
 

@@ -350,6 +350,7 @@ class Recorder:
         max_steps: int | None = None,
         success: str | SuccessFn | None = None,
         render: tuple[int, int] | None = None,
+        shadow: str | PolicyFn | None = None,
     ):
         if max_steps is not None and max_steps < 1:
             raise UserError(f"max_steps must be >= 1, got {max_steps}", "e.g. --max-steps 200")
@@ -361,6 +362,8 @@ class Recorder:
         try:
             self.codec = SpaceCodec.for_env(self.env)
             self.policy = make_policy(policy, self.env)
+            # shadow mode: a candidate policy proposes at every observation; `policy` acts
+            self.shadow = None if shadow is None else make_policy(shadow, self.env)
             self.success = make_success(success)
             self.outcomes: dict[int, Outcome] = {}
             limit = self.env.spec.max_episode_steps if self.env.spec is not None else None
@@ -395,13 +398,17 @@ class Recorder:
 
     def episode(self, ep_id: int) -> Episode:
         seed = self.seed + ep_id
-        if hasattr(self.policy, "reset"):
-            self.policy.reset(seed)
+        for p in (self.policy, self.shadow):
+            if hasattr(p, "reset"):
+                p.reset(seed)
         obs, _ = self.env.reset(seed=seed)
         observations, actions, rewards, terms, truncs = [self.codec.obs(obs)], [], [], [], []
+        proposed = []
         t, info = 0, {}
         frames = [self._frame()] if self.render else []
         while self.max_steps is None or t < self.max_steps:
+            if self.shadow is not None:
+                proposed.append(self.codec.action(self.shadow(obs), self.env)[1])
             a, row = self.codec.action(self.policy(obs), self.env)
             obs, r, term, trunc, info = self.env.step(a)
             observations.append(self.codec.obs(obs))
@@ -431,6 +438,7 @@ class Recorder:
             id=ep_id,
             seed=seed,
             obs_groups={IMAGE_KEY: np.stack(frames)} if self.render else {},
+            proposed_actions=np.stack(proposed) if self.shadow is not None else None,  # (N, A)
         )  # (N+1, H, W, C)
         self.outcomes[ep_id] = episode_outcome(episode, info, self.success)
         return episode
@@ -471,9 +479,11 @@ def record_episodes(
     seed: int = 0,
     env_kwargs: dict | None = None,
     render: tuple[int, int] | None = None,
+    shadow: str | PolicyFn | None = None,
 ) -> list[Episode]:
-    """Record `episodes` episodes in memory (for benchmarks and tests)."""
-    with Recorder(env_id, policy, seed, env_kwargs, max_steps, render=render) as rec:
+    """Record `episodes` episodes in memory (for benchmarks and tests); with `shadow`, the candidate
+    policy's proposals at every observation as `proposed_actions` while `policy` acts."""
+    with Recorder(env_id, policy, seed, env_kwargs, max_steps, render=render, shadow=shadow) as rec:
         return list(rec.episodes(episodes))
 
 
@@ -489,6 +499,7 @@ def record_to_log(
     success: str | SuccessFn | None = None,
     outcomes: dict[int, Outcome] | None = None,
     render: tuple[int, int] | None = None,
+    shadow: str | PolicyFn | None = None,
 ) -> tuple[LogMeta, int]:
     """Record straight into a log file through LogWriter (atomic); returns (meta, total steps).
     Each episode's `Outcome` (success) is added to `outcomes` when a dict is given."""
@@ -497,7 +508,7 @@ def record_to_log(
     if episodes < 1:
         raise UserError(f"episodes must be >= 1, got {episodes}", "e.g. --episodes 10")
     steps = 0
-    with Recorder(env_id, policy, seed, env_kwargs, max_steps, success, render) as rec:
+    with Recorder(env_id, policy, seed, env_kwargs, max_steps, success, render, shadow) as rec:
         meta = rec.meta(source)
         with LogWriter(path, meta) as writer:
             for ep in rec.episodes(episodes):

@@ -349,11 +349,7 @@ class _Validator:
             f"observations/{k}".rstrip("/"): (r, n + 1)
             for k, r in (L.component_rows(g["observations"], lay).items() if lay else [])
         }
-        per_step = [
-            k
-            for k in ("inputs", "rewards", "terminations", "truncations", "timestamps")
-            if isinstance(g.get(k), h5py.Dataset)
-        ]
+        per_step = [k for k in L.PER_STEP_OPTIONAL if isinstance(g.get(k), h5py.Dataset)]
         for k in [k for k in per_step if g[k].ndim == 0]:
             add("error", "scalar_dataset", f"{k} is a scalar dataset; a per-step dataset has one row per step", k)
         rows.update({k: (g[k].shape[0], n + (k == "timestamps")) for k in per_step if g[k].ndim > 0})

@@ -31,6 +31,7 @@ SUBCOMMANDS = [
     "cmd_calibrate",
     "cmd_check",
     "cmd_monitor",
+    "cmd_shadow",
     "cmd_demo",
 ]
 
@@ -92,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"wmcheck {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed by the reader (`| head`): not a bug; the outputs are written
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that Python's own flush at exit does not raise again
+        return 141  # 128 + SIGPIPE, as a shell reports it
     except Exception as exc:  # a bug in wmcheck: one line here, the traceback in a file
         log = crash_log(args, traceback.format_exc())
         print(

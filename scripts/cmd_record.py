@@ -41,6 +41,12 @@ def register(subparsers) -> None:
     p.add_argument("--policy", default="random", help="random | hold:K | module:callable | path.pt")
     p.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i")
     p.add_argument(
+        "--shadow",
+        metavar="POLICY",
+        help="shadow mode: this candidate policy proposes an action at every step (logged as "
+        "proposed_actions) while --policy acts; then `wmcheck shadow RUN --log LOG.h5`",
+    )
+    p.add_argument(
         "--render",
         metavar="WxH",
         help="also store rendered camera frames (render_mode rgb_array), "
@@ -76,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             env_kwargs=kwargs,
             source=args.source,
             render=parse_render_size(args.render) if args.render else None,
+            shadow=args.shadow,
         )
     for w in caught:
         if "dt recorded as" in str(w.message):
@@ -85,5 +92,6 @@ def run(args: argparse.Namespace) -> int:
         f"{len(meta.observation_names)} observation and {len(meta.action_names)} action channels, "
         f"policy {args.policy}, seeds {args.seed}..{args.seed + args.episodes - 1}"
         + (f", frames {args.render}" if args.render else "")
+        + (f", proposals of {args.shadow} logged" if args.shadow else "")
     )
     return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,9 @@ import torch
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WMCHECK_THREADS", "1")
+# The helpers beside the tests (`browser`, `policy_helpers`) import by name; pytest's importlib mode
+# does not put this folder on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def record_pendulum(path, episodes: int = 12, steps: int = 200, hold: int = 5, seed: int = 0):
