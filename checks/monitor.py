@@ -5,7 +5,7 @@ Owns the monitor's state folder and the order of a look; the statistics are drif
      model, as a check scores blocks (scoring.score_blocks), and summarised per episode
      (drift.episode_features); episodes shorter than a block are listed, not scored;
   2. they are grouped into periods: N episodes each (`--period 5`), or calendar periods of their
-     first timestamp (`--period 1d` / `12h` / `7d`, UTC, from the Unix epoch);
+     first timestamp (`--period 1d` / `12h` / `7d`, UTC, from the Unix epoch; whole weeks from Monday);
   3. each complete period is a look: every window (this period alone, the last W together) is
      tested against the reference (drift.window_test) at the level the budget gives it
      (drift.LookPlan), and the look gets its verdict (drift.decide_look). The reference is the
@@ -51,6 +51,7 @@ STATE_FILE = "monitor_state.json"
 EXIT = {"stable": 0, "drifted": 1, "off-support": 1, "inconclusive": 3}
 _UNITS = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _EARLIEST = 365 * 86400.0  # a first timestamp before 1971 is a relative clock, not a date
+_WEEK, _MONDAY = 7 * 86400.0, 4 * 86400.0  # the epoch was a Thursday: weekly periods start on Mondays
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,18 @@ class Period:
             "use e.g. --period 5 (episodes per look) or --period 1d / 12h / 7d (calendar periods, UTC)",
         )
 
+    @property
+    def origin(self) -> float:
+        """Where calendar periods start counting: Monday 1970-01-05 for whole weeks, else the epoch."""
+        return _MONDAY if self.seconds is not None and self.seconds % _WEEK == 0 else 0.0
+
+    def key(self, t: float) -> int:
+        return int(math.floor((t - self.origin) / self.seconds))
+
     def label(self, key: int) -> str:
         if self.episodes is not None:
             return f"episodes {key * self.episodes + 1}-{(key + 1) * self.episodes}"
-        start = dt.datetime.fromtimestamp(key * self.seconds, dt.timezone.utc)
+        start = dt.datetime.fromtimestamp(self.origin + key * self.seconds, dt.timezone.utc)
         return start.strftime("%Y-%m-%d %H:%M UTC" if self.seconds % 86400 else "%Y-%m-%d")
 
 
@@ -253,7 +262,7 @@ def group_periods(period: Period, state: State, new: list[NewEpisode]) -> list[t
         )
     keys: dict[int, list[dict]] = {}
     for e in sorted(items, key=lambda e: e["start_time"]):
-        keys.setdefault(int(math.floor(e["start_time"] / period.seconds)), []).append(e)
+        keys.setdefault(period.key(e["start_time"]), []).append(e)
     late = [k for k in keys if k <= last]
     if late:
         raise UserError(

@@ -277,8 +277,14 @@ def _message(verdict, mean, ci, n_eps, share_out, resolution, window) -> str:
         )
         return f"Unverifiable: {why}; {out}."
     words = {"better": "better than", "worse": "worse than", "no difference": "no different from"}[verdict]
+    small = (
+        " The whole interval is smaller than that error: the branches share the model's bias, so the sign "
+        "can hold, but the size is below what this model resolves."
+        if verdict != "no difference" and max(abs(ci[0]), abs(ci[1])) <= resolution
+        else ""
+    )
     return (
         f"Following the proposals is predicted {words} the baseline: return {mean:+.3g} per {window} "
         f"(95 % CI {ci[0]:+.3g} to {ci[1]:+.3g}, {n_eps} episodes; the model's own error on the logged "
-        f"return is {resolution:.3g} per window); {out}."
+        f"return is {resolution:.3g} per window); {out}.{small}"
     )

@@ -37,7 +37,12 @@ def season_log(data: Path, run: Path, turbine: str, out: Path) -> tuple[Path, fl
     import_to_log(data, full, mapping=build_mapping(embedded_mapping_path()))
     with open_log(full) as log:
         meta = log.meta
-        eps = [e for e in log.episodes(groups=False) if e.name == turbine and e.timestamps[0] > trained_until]
+        eps = [
+            e
+            for e in log.episodes(groups=False)
+            if (turbine == "all" or e.name == turbine) and e.timestamps[0] > trained_until
+        ]
+    eps.sort(key=lambda e: float(e.timestamps[0]))
     for i, e in enumerate(eps):
         e.id = i
     path = out / f"{turbine}-season.h5"
@@ -72,7 +77,7 @@ def main(argv=None) -> None:
     p.add_argument("--run", type=Path, required=True)
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--turbine", default="R80721")
+    p.add_argument("--turbine", default="R80721", help="the turbine to monitor, or `all` (the site's four)")
     p.add_argument("--shadow-weeks", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)

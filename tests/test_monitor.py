@@ -26,6 +26,8 @@ def test_periods_parse_and_label():
     assert Period.parse("5").episodes == 5 and Period.parse("3 episodes").episodes == 3
     assert Period.parse("7d").seconds == 7 * DAY and Period.parse("12h").seconds == 12 * 3600
     assert Period.parse("1d").label(int(T0 // DAY)) == "2023-11-14"
+    week = Period.parse("7d")
+    assert week.label(week.key(T0)) == "2023-11-13"  # T0 is a Tuesday: its week starts on Monday the 13th
     for bad in ("0", "week", "-1d", ""):
         with pytest.raises(UserError):
             Period.parse(bad)
@@ -46,7 +48,7 @@ def test_calendar_periods_need_dates_and_come_in_order():
     eps = [_ep(i, T0 + i * 0.4 * DAY) for i in range(6)]  # 6 episodes over 2.4 days
     looks = group_periods(Period.parse("1d"), state, eps)
     assert sum(len(e) for _, e in looks) == 6 and [k for k, _ in looks] == sorted(k for k, _ in looks)
-    assert all(int(e["start_time"] // DAY) == k for k, es in looks for e in es)
+    assert all(Period.parse("1d").key(e["start_time"]) == k for k, es in looks for e in es)
     state.looks = [{"key": looks[-1][0], "episodes": []}]
     with pytest.raises(UserError, match="already tested"):
         group_periods(Period.parse("1d"), state, [_ep(9, T0)])
