@@ -64,6 +64,10 @@ class Calibration:
     spread_scale: np.ndarray | None = None  # (H, D) conformal scale of the predictive std (training/conformal.py)
     sysid: Reference | None = None  # the corrections' fit on the real blocks (sysid.py; None with attribution "grid")
 
+    def support_bound(self, alpha: float) -> float:
+        """The latent distance to the training latents that all but `alpha` of held-out real steps stay under."""
+        return float(np.quantile(self.real.support_steps, 1 - alpha))
+
     def save(self, run_dir: Path) -> None:
         arrays = {
             **self.real.to_arrays("real_"),
@@ -122,6 +126,20 @@ class Calibration:
             arrays.get("spread_scale"),
             Reference.from_arrays(arrays),
         )
+
+
+def load_calibrated(run_dir: str | Path) -> tuple[ModelBundle, Calibration]:
+    """A run's model and its calibration, refused (UserError) when the calibration was made for
+    another model.pt or does not say which (a missing hash is no match either)."""
+    run_dir = Path(run_dir)
+    bundle = load_model(run_dir)
+    cal = Calibration.load(run_dir)
+    if cal.info.get("model_sha256") != bundle.file_hash:
+        raise UserError(
+            f"{run_dir}/calibration.json belongs to another model.pt (or does not say which)",
+            f"re-run `wmcheck calibrate {run_dir}`",
+        )
+    return bundle, cal
 
 
 def extra_real_episodes(paths, channels: dict, training: list, first_id: int) -> tuple[list, list[dict]]:

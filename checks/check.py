@@ -24,7 +24,7 @@ import numpy as np
 
 from wmcheck.checks import report_build as rb
 from wmcheck.checks.blocks import Blocks, block_controls, block_states, make_blocks
-from wmcheck.checks.calibration import Calibration
+from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.config import POWER_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
 from wmcheck.checks.decision import Decision, Levels, decide
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, score_arrays
@@ -42,7 +42,7 @@ from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.json_safe import json_safe
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
-from wmcheck.training.checkpoint import file_sha256, load_model
+from wmcheck.training.checkpoint import file_sha256
 from wmcheck.training.quality import QualityCard, read_card
 
 REPORT_VERSION = 3  # 2: adds the `policy` and `regimes` sections; 3: the `inconclusive` verdict (exit 3)
@@ -77,13 +77,7 @@ def _model_quality(inp: CheckInputs):
 
 
 def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
-    bundle = load_model(run_dir)
-    cal = Calibration.load(run_dir)
-    if cal.info.get("model_sha256") != bundle.file_hash:  # a missing hash is no match either
-        raise UserError(
-            f"{run_dir}/calibration.json belongs to another model.pt (or does not say which)",
-            f"re-run `wmcheck calibrate {run_dir}`",
-        )
+    bundle, cal = load_calibrated(run_dir)
     norm = Normalizer.from_dict(bundle.normalizer)
     meta, episodes = read_log_for_model(rollouts, bundle.channels)
     require_frames(bundle.model, episodes, rollouts)
@@ -268,7 +262,7 @@ def _competence(sc: BlockScores, cal: Calibration, gate: Gate) -> Competence:
     competent, bound = competent_blocks(
         sc.support_steps, sc.disagreement, real.support_steps, real.disagreement, a_sup, a_dis
     )
-    q = float(np.quantile(real.support_steps, 0.99))
+    q = cal.support_bound(0.01)
     return Competence(competent, bound, a_sup, float((sc.support_steps <= q).mean()), q)
 
 

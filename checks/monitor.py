@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from wmcheck.checks.blocks import make_blocks
-from wmcheck.checks.calibration import Calibration
+from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.drift import EpisodeFeatures, LookPlan, decide_look, episode_features, window_test
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.checks.scoring import score_blocks
@@ -44,7 +44,6 @@ from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
-from wmcheck.training.checkpoint import load_model
 
 STATE_VERSION = 1
 STATE_FILE = "monitor_state.json"
@@ -168,13 +167,7 @@ class Context:
 
 
 def load_context(run_dir: Path) -> Context:
-    bundle = load_model(run_dir)
-    cal = Calibration.load(run_dir)
-    if cal.info.get("model_sha256") != bundle.file_hash:
-        raise UserError(
-            f"{run_dir}/calibration.json belongs to another model.pt (or does not say which)",
-            f"re-run `wmcheck calibrate {run_dir}`",
-        )
+    bundle, cal = load_calibrated(run_dir)
     if cal.real_episode is None or cal.real.z_steps.ndim != 3:
         raise UserError(
             f"{run_dir}: the calibration predates per-episode scores", f"re-run `wmcheck calibrate {run_dir}`"
@@ -182,7 +175,7 @@ def load_context(run_dir: Path) -> Context:
     names = list(bundle.channels.get("observation_names", [])) or [
         f"obs_{d}" for d in range(cal.real.z_steps.shape[-1])
     ]
-    q = float(np.quantile(cal.real.support_steps, 0.99))
+    q = cal.support_bound(0.01)
     ref = episode_features(cal.real, cal.real_episode, q, names)
     if len(ref.ids) < 2:
         raise UserError(

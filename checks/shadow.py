@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wmcheck.checks.calibration import Calibration
+from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.model_log import read_log_for_model
 from wmcheck.checks.scoring import support_distance
 from wmcheck.checks.stats import t_critical
@@ -39,7 +39,7 @@ from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
 from wmcheck.datasets.windows import Batch, episode_steps
-from wmcheck.training.checkpoint import file_sha256, load_model
+from wmcheck.training.checkpoint import file_sha256
 from wmcheck.worldmodel.rssm import State
 
 EXIT = {"better": 0, "no difference": 0, "worse": 1, "unverifiable": 3}
@@ -123,7 +123,7 @@ def shadow_starts(
     C = cal.config.context
     H = int(cfg.horizon)
     stride = int(cfg.stride or H)
-    bound = float(np.quantile(cal.real.support_steps, 1 - cal.config.competence_alpha))
+    bound = cal.support_bound(cal.config.competence_alpha)
     out: dict[str, list] = {f: [] for f in Starts.__dataclass_fields__}
     for e in episodes:
         rows = list(range(C, e.num_steps - H + 2, stride))  # imagined rows s..s+H-1 need actions up to s+H-2
@@ -181,12 +181,7 @@ def shadow_report(
 ) -> dict:
     cfg = cfg or ShadowConfig()
     run_dir, log = Path(run_dir), Path(log)
-    bundle = load_model(run_dir)
-    cal = Calibration.load(run_dir)
-    if cal.info.get("model_sha256") != bundle.file_hash:
-        raise UserError(
-            f"{run_dir}/calibration.json belongs to another model.pt", f"re-run `wmcheck calibrate {run_dir}`"
-        )
+    bundle, cal = load_calibrated(run_dir)
     norm = Normalizer.from_dict(bundle.normalizer)
     _meta, episodes = read_log_for_model(log, bundle.channels, role="shadow log")
     without = [e.id for e in episodes if e.proposed_actions is None]

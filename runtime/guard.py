@@ -36,14 +36,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from wmcheck.checks.calibration import Calibration
+from wmcheck.checks.calibration import load_calibrated
 from wmcheck.checks.scoring import support_distance
 from wmcheck.checks.stats import conformal_p
 from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.windows import Batch
-from wmcheck.training.checkpoint import load_model
 
 
 @dataclass
@@ -130,14 +129,8 @@ class Guard:
     ):
         self.run_dir = Path(run_dir)
         self.cfg = config or GuardConfig()
-        self.bundle = load_model(self.run_dir)
+        self.bundle, self.cal = load_calibrated(self.run_dir)
         self.model = self.bundle.model.eval()
-        self.cal = Calibration.load(self.run_dir)
-        if self.cal.info.get("model_sha256") != self.bundle.file_hash:
-            raise UserError(
-                f"{self.run_dir}/calibration.json belongs to another model.pt",
-                f"re-run `wmcheck calibrate {self.run_dir}`",
-            )
         self.norm = Normalizer.from_dict(self.bundle.normalizer)
         if self.norm.dim("input"):
             raise UserError(
@@ -148,7 +141,7 @@ class Guard:
         self.on_rollback = on_rollback
         self.envelope = envelope or self._log_envelope()
         a = self.cfg.competence_alpha if self.cfg.competence_alpha is not None else self.cal.config.competence_alpha
-        self.support_bound = float(np.quantile(self.cal.real.support_steps, 1 - a))
+        self.support_bound = self.cal.support_bound(a)
         dis = self.cal.real.disagreement
         self.disagreement_bound = float(np.quantile(dis, 1 - a)) if dis.max() > 0 else None
         self.context, self.window = self.cal.config.context, self.cal.config.horizon
