@@ -212,6 +212,8 @@ def _welch_ci(new: np.ndarray, ref: np.ndarray, diff: np.ndarray, level: float =
     se = np.sqrt(a + b)
     with np.errstate(divide="ignore", invalid="ignore"):
         df = np.where(se > 0, (a + b) ** 2 / (a**2 / max(n - 1, 1) + b**2 / (m - 1)), 1.0)
+    if n == 1:  # the only variance estimate is the reference's
+        df = np.full_like(vr, m - 1.0)
     q = np.array([t_critical((1 - level) / 2, max(float(d), 1.0)) for d in np.atleast_1d(df)])
     return np.stack([diff - q * se, diff + q * se], 1)
 

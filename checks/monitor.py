@@ -6,6 +6,8 @@ Owns the monitor's state folder and the order of a look; the statistics are drif
      (drift.episode_features); episodes shorter than a block are listed, not scored;
   2. they are grouped into periods: N episodes each (`--period 5`), or calendar periods of their
      first timestamp (`--period 1d` / `12h` / `7d`, UTC, from the Unix epoch; whole weeks from Monday);
+     a period is tested once complete (N episodes; the logs reach the calendar period's end), the
+     rest waits in the state;
   3. each complete period is a look: every window (this period alone, the last W together) is
      tested against the reference (drift.window_test) at the level the budget gives it
      (drift.LookPlan), and the look gets its verdict (drift.decide_look). The reference is the
@@ -44,6 +46,7 @@ from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
+from wmcheck.training.checkpoint import file_sha256
 
 STATE_VERSION = 1
 STATE_FILE = "monitor_state.json"
@@ -115,6 +118,7 @@ class NewEpisode:
     log: str
     start_time: float | None
     features: list[float]
+    end_time: float | None = None
 
     def public(self) -> dict:
         return asdict(self)
@@ -125,6 +129,7 @@ class State:
     model_sha256: str
     settings: dict
     feature_names: list[str]
+    calibration_sha256: str = ""  # the reference must not change under a folder's looks
     looks: list[dict] = field(default_factory=list)  # one per tested period, in order
     pending: list[dict] = field(default_factory=list)  # episodes of an unfinished N-episode period
     short: list[dict] = field(default_factory=list)  # episodes too short for a block (not scored)
@@ -186,6 +191,22 @@ def load_context(run_dir: Path) -> Context:
     return Context(bundle, cal, norm, ref, q, names, dict(bundle.channels.get("units", {})))
 
 
+def training_fingerprints(run_dir: Path, channels: dict) -> set[str]:
+    """Content hashes of the episodes the model was trained and calibrated on (its training log):
+    they are not new real data, and on both sides of a test they would hide a drift. Empty (with
+    nothing refused) when the training log has moved."""
+    from wmcheck.checks.calibration import training_log
+
+    try:
+        log = training_log(run_dir)
+    except UserError:
+        return set()
+    if not log.exists():
+        return set()
+    _meta, episodes = read_log_for_model(log, channels, role="training log")
+    return {episode_fingerprint(e) for e in episodes}
+
+
 def score_new(ctx: Context, log: Path, seen: set[str], seed: int) -> tuple[list[NewEpisode], list[dict]]:
     """The episodes of `log` not in `seen`, scored and summarised, in file order; and the short ones."""
     _meta, episodes = read_log_for_model(log, ctx.bundle.channels, role="real log")
@@ -226,8 +247,12 @@ def score_new(ctx: Context, log: Path, seen: set[str], seed: int) -> tuple[list[
     for fp, e in fresh:
         if e.id in skipped:
             continue
-        t0 = float(e.timestamps[0]) if e.timestamps is not None and len(e.timestamps) else None
-        out.append(NewEpisode(fp, e.name, str(log), t0, [float(v) for v in row[int(e.id)]]))
+        t0, t1 = (
+            (float(e.timestamps[0]), float(e.timestamps[-1]))
+            if e.timestamps is not None and len(e.timestamps)
+            else (None, None)
+        )
+        out.append(NewEpisode(fp, e.name, str(log), t0, [float(v) for v in row[int(e.id)]], t1))
     return out, short
 
 
@@ -262,8 +287,12 @@ def group_periods(period: Period, state: State, new: list[NewEpisode]) -> list[t
             f"{len(keys[late[0]])} new episode(s) fall in {period.label(late[0])}, a period this monitor already tested",
             "monitor periods in order (each look is final: the false-alarm budget counts it once)",
         )
-    state.pending = []
-    return sorted(keys.items())
+    # a calendar period is complete once the logs reach its end (an episode runs past it, or a later
+    # period has episodes); the newest one usually is not, and waits in the state for the next run
+    reached = max(e.get("end_time") or e["start_time"] for e in items)
+    done = sorted((k, v) for k, v in keys.items() if period.origin + (k + 1) * period.seconds <= reached)
+    state.pending = [e for k, v in sorted(keys.items()) if k not in dict(done) for e in v]
+    return done
 
 
 def _draws(level: float) -> int:
@@ -427,8 +456,15 @@ def monitor(
     ctx = load_context(run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = State.load(out_dir)
+    cal_hash = file_sha256(run_dir / "calibration.npz")
     if state is None:
-        state = State(ctx.bundle.file_hash, settings.to_dict(), ctx.reference.names)
+        state = State(ctx.bundle.file_hash, settings.to_dict(), ctx.reference.names, cal_hash)
+    elif state.calibration_sha256 != cal_hash:
+        raise UserError(
+            f"{out_dir} was started against another calibration of this model (re-calibrated since?): its "
+            "baseline and budget rest on the old reference",
+            "monitor into a new --out folder",
+        )
     elif state.model_sha256 != ctx.bundle.file_hash:
         raise UserError(
             f"{out_dir} monitors another model (sha256 {state.model_sha256[:12]}…)",
@@ -441,7 +477,7 @@ def monitor(
             "repeat the folder's settings, or monitor into a new --out folder",
         )
     new, short = [], []
-    seen = state.seen()
+    seen = state.seen() | training_fingerprints(run_dir, ctx.bundle.channels)
     for log in real_logs:
         got, sh = score_new(ctx, Path(log), seen, settings.seed)
         new += got

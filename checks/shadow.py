@@ -182,6 +182,11 @@ def shadow_report(
     cfg = cfg or ShadowConfig()
     run_dir, log = Path(run_dir), Path(log)
     bundle, cal = load_calibrated(run_dir)
+    if bundle.model.cfg.image_keys:
+        raise UserError(
+            f"{run_dir}: shadow mode does not take camera models yet (the model reads {list(bundle.model.cfg.image_keys)})",
+            "train the model with --no-images for shadow runs",
+        )
     norm = Normalizer.from_dict(bundle.normalizer)
     _meta, episodes = read_log_for_model(log, bundle.channels, role="shadow log")
     without = [e.id for e in episodes if e.proposed_actions is None]

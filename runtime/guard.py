@@ -56,7 +56,7 @@ class GuardConfig:
     rollback_alpha: float = 0.01  # a window's conformal p at or below this is flagged
     consecutive: int = 2  # flagged windows in a row that raise the rollback signal
     warmup_controller: str = "policy"  # who acts in the first `context` steps, before the latent has converged
-    samples: int = 4  # latent draws of the one-step predictive mixture
+    samples: int = 8  # latent draws of the one-step predictive mixture: as calibration scored nll_steps
     seed: int = 0
 
 
@@ -132,6 +132,8 @@ class Guard:
         self.bundle, self.cal = load_calibrated(self.run_dir)
         self.model = self.bundle.model.eval()
         self.norm = Normalizer.from_dict(self.bundle.normalizer)
+        if self.model.cfg.image_keys:
+            raise UserError("the guard does not take camera models yet", "guard a model trained with --no-images")
         if self.norm.dim("input"):
             raise UserError(
                 "this model conditions on exogenous inputs; the guard does not take them yet",
@@ -210,6 +212,8 @@ class Guard:
             self._obs.append(obs)
         warm = self.t >= self.context
         competent = self._competent() if warm else True
+        if self.t == self.context:
+            self.mode = "policy"  # a fallback that acted in the warm-up hands over at once
         if warm:
             self._switch(competent)
         else:
@@ -283,6 +287,7 @@ class Guard:
         n = min(len(acts), len(self._obs) - 1) if acts else 0
         if n > 0:
             self._episodes.append({"obs": np.array(self._obs[: n + 1]), "acts": np.array(acts[:n])})
+            self._obs = self._obs[n:]  # an episode that goes on after write_log starts from its latest row
         self._acts = []
 
     def write_log(self, path: str | Path) -> tuple[Path, Path]:

@@ -32,17 +32,20 @@ def main(argv=None) -> None:
     p.add_argument("--episodes", type=int, default=4)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--samples", type=int, default=8, help="latent draws of the guard's one-step mixture (GuardConfig.samples)"
+    )
     args = p.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(args.threads)
     from wmcheck.checks.reality import RealityProfile, make_reality_env
-    from wmcheck.runtime.guard import Guard
+    from wmcheck.runtime.guard import Guard, GuardConfig
 
     print(f"{'reality':<24} {'ms/step':>8} {'fallback':>9} {'rollbacks':>10} {'first rollback steps'}")
     for name, kw in REALITIES.items():
-        guard = Guard(args.run, fallback=lambda obs: np.zeros(1))
+        guard = Guard(args.run, fallback=lambda obs: np.zeros(1), config=GuardConfig(samples=args.samples))
         env = make_reality_env("Pendulum-v1", RealityProfile(**kw).to_dict())
         times, firsts = [], []
         for i in range(args.episodes):

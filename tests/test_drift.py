@@ -117,3 +117,14 @@ def test_look_plan_spends_alpha_over_looks_and_windows():
     assert plan.cycle(52) == 1 and plan.cycle(53) == 2
     with pytest.raises(ValueError):
         LookPlan(alpha=1.5)
+
+
+def test_a_single_new_episode_gets_a_prediction_interval():
+    """One new episode: the reference's variance stands in for both sides, with m - 1 degrees of freedom."""
+    from wmcheck.checks.stats import t_critical
+
+    rng = np.random.default_rng(6)
+    ref, new = draw(rng, 10), draw(rng, 1)
+    t = window_test(new, ref, TWO, rng, draws=999)
+    half = t_critical(0.025, 9) * ref.std(0, ddof=1) * np.sqrt(1 + 1 / 10)
+    assert np.allclose((t.ci[:, 1] - t.ci[:, 0]) / 2, half)
