@@ -496,7 +496,9 @@ def _visual(model, run_dir, episodes, alpha, clip_model, tolerance) -> dict:
 def _embedding(model, blocks, cal, rng, per_side: int = 500) -> dict:
     """Latent states h of checked steps and of training steps (the support reference), for the
     TensorBoard embedding projector."""
-    checked = latent_features(model, blocks).reshape(-1, model.cfg.deter)
+    # at most per_side blocks are observed (a check of 1,000 episodes has 3,000), then per_side steps drawn
+    picked = np.sort(rng.choice(len(blocks), size=min(per_side, len(blocks)), replace=False))
+    checked = latent_features(model, blocks.subset(picked)).reshape(-1, model.cfg.deter)
     checked = checked[rng.choice(len(checked), size=min(per_side, len(checked)), replace=False)]
     real = cal.support_ref[rng.choice(len(cal.support_ref), size=min(per_side, len(cal.support_ref)), replace=False)]
     return {

@@ -162,8 +162,7 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
     if ps.control is None or not ps.gaps:
         return {}
     rng = np.random.default_rng(seed)
-    nB = len(ps.control_episode)
-    n = max(1, min(n_blocks, nB))
+    n = effective_blocks(cal, n_blocks)
     judge = _PowerJudge(cal, n, alpha, rng)
 
     def rate(entry: PowerEntry) -> float:
@@ -192,6 +191,13 @@ def power_table(cal: Calibration, n_blocks: int, alpha: float, target: float, re
     return table
 
 
+def effective_blocks(cal: Calibration, n_blocks: int) -> int:
+    """The number of blocks a power-table draw for a check of n_blocks uses: min(n_blocks, the
+    blocks of half B), at least 1. Every check at least as large as half B has the same table."""
+    control = cal.power.control_episode
+    return max(1, min(int(n_blocks), len(control) if control is not None else int(n_blocks)))
+
+
 POWER_CACHE = "power_cache.json"
 """RUNDIR/power_cache.json: power tables already computed for this calibration, by check size."""
 
@@ -206,6 +212,7 @@ def cached_power_table(run_dir: Path, cal: Calibration, n_blocks: int, alpha: fl
 
     run_dir = Path(run_dir)
     ident = file_sha256(run_dir / "calibration.npz")
+    n_blocks = effective_blocks(cal, n_blocks)  # checks larger than half B share one table
     key = f"n={int(n_blocks)} alpha={float(alpha)!r} target={float(target)!r} seed={int(seed)}"
     path = run_dir / POWER_CACHE
     cache = {"calibration_sha256": ident, "tables": {}}

@@ -406,29 +406,30 @@ class LogReader:
         return ep
 
     def _read(self, episode_id: int, g: h5py.Group, load_groups: bool = True) -> tuple[Episode | None, list[str]]:
-        missing = [k for k in REQUIRED if k not in g]
+        nodes = {k: g[k] for k in g}  # each member looked up once (h5py lookups dominate reading)
+        missing = [k for k in REQUIRED if k not in nodes]
         if missing:
             return None, [f"missing dataset(s) {', '.join(missing)}"]
-        scalars = [k for k in PER_STEP if isinstance(g.get(k), h5py.Dataset) and g[k].ndim == 0]
+        scalars = [k for k in PER_STEP if isinstance(nodes.get(k), h5py.Dataset) and nodes[k].ndim == 0]
         if scalars:
             return None, [f"{', '.join(scalars)}: scalar dataset(s); a per-step dataset has one row per step"]
         problems = []
         meta = self.meta
         lay = self._obs_layout(episode_id)
-        obs = L.read_state(g["observations"], lay)  # (N+1, D)
-        groups = L.read_groups(g["observations"], lay) if load_groups else {}  # {key: (N+1, ...)}
+        obs = L.read_state(nodes["observations"], lay)  # (N+1, D)
+        groups = L.read_groups(nodes["observations"], lay) if load_groups else {}  # {key: (N+1, ...)}
         if not load_groups:  # row counts of the groups left in the file are still checked
-            groups_rows = {k: v for k, v in L.component_rows(g["observations"], lay).items() if k in lay.group_keys}
-        actions = L.read_actions(g["actions"], self.num_action_classes)  # (N, A)
+            groups_rows = {k: v for k, v in L.component_rows(nodes["observations"], lay).items() if k in lay.group_keys}
+        actions = L.read_actions(nodes["actions"], self.num_action_classes)  # (N, A)
         n = actions.shape[0]
         if "total_steps" in g.attrs and int(g.attrs["total_steps"]) != n:  # validate's total_steps_mismatch
             problems.append(f"attribute total_steps={int(g.attrs['total_steps'])} but actions have {n} rows")
-        inputs = L.read_vector(g["inputs"]) if "inputs" in g else None  # (N, E)
-        rewards = np.asarray(g["rewards"][()], np.float32) if "rewards" in g else None  # (N,)
-        terms = np.asarray(g["terminations"][()], bool)  # (N,)
-        truncs = np.asarray(g["truncations"][()], bool)  # (N,)
-        ts = np.asarray(g["timestamps"][()], np.float64) if "timestamps" in g else None  # (N+1,)
-        proposed = L.read_vector(g["proposed_actions"]) if "proposed_actions" in g else None  # (N, A)
+        inputs = L.read_vector(nodes["inputs"]) if "inputs" in nodes else None  # (N, E)
+        rewards = np.asarray(nodes["rewards"][()], np.float32) if "rewards" in nodes else None  # (N,)
+        terms = np.asarray(nodes["terminations"][()], bool)  # (N,)
+        truncs = np.asarray(nodes["truncations"][()], bool)  # (N,)
+        ts = np.asarray(nodes["timestamps"][()], np.float64) if "timestamps" in nodes else None  # (N+1,)
+        proposed = L.read_vector(nodes["proposed_actions"]) if "proposed_actions" in nodes else None  # (N, A)
         expected = {
             "observations": (obs, n + 1),
             "inputs": (inputs, n),

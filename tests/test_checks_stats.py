@@ -13,8 +13,11 @@ from wmcheck.checks.stats import (
     conformal_p,
     episode_outlier_p,
     episode_t_greater,
+    fourier_unit_sums,
     icc_of_ranks,
     mann_whitney_greater,
+    median_bandwidth,
+    mmd2_rbf,
     rank_auc,
     sign_flip_test,
     t_isf,
@@ -245,3 +248,37 @@ def test_the_welch_interval_of_episode_means_covers_the_difference():
         naive += lo <= 0.3 <= hi
     assert 0.91 <= covered / reps <= 0.99, covered / reps
     assert naive / reps < 0.85, naive / reps
+
+
+def test_fourier_mmd_estimates_the_exact_kernel_statistic():
+    # the random-feature statistic must track the exact biased MMD^2 of the same bandwidth; a wrong
+    # frequency scale (W ~ N(0, 1 / (2 bw)^2)) or feature normalisation would be off by a factor
+    rng = np.random.default_rng(3)
+    x = [rng.normal(size=(40, 3)) for _ in range(10)]
+    for shift in (0.0, 0.5, 2.0):
+        y = [rng.normal(size=(40, 3)) + shift for _ in range(10)]
+        bw = median_bandwidth(np.concatenate(x + y), np.random.default_rng(0))
+        exact = mmd2_rbf(np.concatenate(x), np.concatenate(y), bw)
+        sums = fourier_unit_sums([np.concatenate(x), np.concatenate(y)], bw, np.random.default_rng(1), 4096)
+        approx = float(((sums[0] / 400 - sums[1] / 400) ** 2).sum())
+        assert abs(approx - exact) < 0.1 * exact + 0.01, (shift, approx, exact)
+    # per-unit sums are the sums of each unit's own rows
+    units = [rng.normal(size=(n, 2)) for n in (3, 1, 5)]
+    one = fourier_unit_sums(units, 1.0, np.random.default_rng(2), 8)
+    W_rng = np.random.default_rng(2)
+    W, b = W_rng.normal(size=(2, 8)), W_rng.uniform(0, 2 * np.pi, size=8)
+    want = [np.sqrt(2 / 8) * np.cos(u @ W + b).sum(0) for u in units]
+    assert np.allclose(one, want)
+
+
+def test_group_index_matches_unique_and_is_not_fooled_by_equal_lengths():
+    from wmcheck.checks.stats import episode_means, group_index
+
+    a, b = np.array([3, 3, 1, 2, 2, 2]), np.array([1, 1, 1, 2, 3, 3])  # same length, other labels
+    for g in (a, b, a):
+        labels, inv, sizes = group_index(g)
+        want = np.unique(g, return_inverse=True, return_counts=True)
+        assert all(np.array_equal(x, y) for x, y in zip((labels, inv, sizes), want))
+    assert np.allclose(episode_means(np.arange(6.0), a), [2.0, 4.0, 0.5])
+    assert np.allclose(episode_means(np.arange(6.0), b), [1.0, 3.0, 4.5])
+    assert np.array_equal(group_index(np.array(["x", "y", "x"], object))[2], [2, 1])
