@@ -115,17 +115,10 @@ def separation(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _ranks(v: np.ndarray) -> np.ndarray:
-    order = np.argsort(v, kind="mergesort")
-    ranks = np.empty(len(v))
-    sv = v[order]
-    i = 0
-    while i < len(v):
-        j = i
-        while j + 1 < len(v) and sv[j + 1] == sv[i]:
-            j += 1
-        ranks[order[i : j + 1]] = 0.5 * (i + j) + 1.0
-        i = j + 1
-    return ranks
+    """Ranks 1..n of v (n,), ties given their average rank."""
+    _, inv, counts = np.unique(np.asarray(v), return_inverse=True, return_counts=True)
+    average = np.cumsum(counts) - 0.5 * (counts - 1)  # (k,) the mean rank of each distinct value
+    return average[inv.ravel()].astype(float)
 
 
 def mann_whitney_z(x: np.ndarray, y: np.ndarray, continuity: bool = False) -> float:
@@ -156,11 +149,12 @@ def mann_whitney_greater(
         return float("nan")
     if min(n, m) < 12:
         rng = rng or np.random.default_rng(0)
-        pooled = np.concatenate([x, y])
-        ranks = _ranks(pooled)
-        observed = ranks[:n].sum()
-        perm = np.argsort(rng.random((permutations, n + m)), axis=1)[:, :n]
-        sums = ranks[perm].sum(1)
+        ranks = _ranks(np.concatenate([x, y]))
+        observed, total = ranks[:n].sum(), ranks.sum()
+        k = min(n, m)  # draw the smaller side's positions: sum_x = total - sum_y
+        sums = ranks[_random_subsets(rng, permutations, n + m, k)].sum(1)  # (P,)
+        if k < n:
+            sums = total - sums
         return float((1 + np.sum(sums >= observed - 1e-9)) / (permutations + 1))
     ranks = _ranks(np.concatenate([x, y]))
     u = ranks[:n].sum() - n * (n + 1) / 2.0
@@ -172,6 +166,22 @@ def mann_whitney_greater(
         return 1.0
     z = (u - mu - 0.5) / math.sqrt(var)
     return float(_norm_sf(z))
+
+
+def _random_subsets(rng: np.random.Generator, draws: int, n: int, k: int) -> np.ndarray:
+    """`draws` uniform k-subsets of range(n), as (draws, k) indices. Small n: the first k of a
+    random permutation per draw. Large n with small k (a few real blocks against thousands of
+    checked ones): k independent draws per row, rows with a repeat drawn again (ordered distinct
+    k-tuples are uniform, so their sets are uniform k-subsets), without the (draws, n) sort."""
+    if n <= 2000 or k * k > n:
+        return np.argsort(rng.random((draws, n)), axis=1)[:, :k]
+    out = rng.integers(0, n, size=(draws, k))
+    while True:
+        srt = np.sort(out, axis=1)
+        bad = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(1))
+        if not len(bad):
+            return out
+        out[bad] = rng.integers(0, n, size=(len(bad), k))
 
 
 def icc_of_ranks(values: np.ndarray, groups: np.ndarray) -> float:

@@ -282,3 +282,22 @@ def test_group_index_matches_unique_and_is_not_fooled_by_equal_lengths():
     assert np.allclose(episode_means(np.arange(6.0), a), [2.0, 4.0, 0.5])
     assert np.allclose(episode_means(np.arange(6.0), b), [1.0, 3.0, 4.5])
     assert np.array_equal(group_index(np.array(["x", "y", "x"], object))[2], [2, 1])
+
+
+def test_rank_permutation_with_few_real_blocks_against_many_checked():
+    # the drawn subsets are uniform (every position equally often) and the p-value is the one the
+    # full permutation gives: the same tail under both draws, and a shift found with 5 real blocks
+    from wmcheck.checks.stats import _random_subsets
+
+    rng = np.random.default_rng(4)
+    sub = _random_subsets(rng, 20000, 5000, 5)
+    assert all(len(set(r)) == 5 for r in sub[:2000])
+    counts = np.bincount(sub.ravel(), minlength=5000)
+    assert abs(counts.mean() - 20.0) < 1e-9 and counts.std() < 1.3 * np.sqrt(20.0)
+    x, y = rng.normal(size=3000), rng.normal(size=5)
+    small = _random_subsets(np.random.default_rng(0), 20000, 300, 5)  # the sorting path
+    assert small.shape == (20000, 5) and all(len(set(r)) == 5 for r in small[:2000])
+    ps = [mann_whitney_greater(rng.normal(size=3000), rng.normal(size=5), rng, 2000) for _ in range(200)]
+    assert 0.35 < np.mean(ps) < 0.65 and np.mean(np.array(ps) < 0.1) < 0.18
+    assert mann_whitney_greater(x + 2.0, y, rng) < 0.01
+    assert mann_whitney_greater(x - 2.0, y, rng) > 0.9

@@ -50,6 +50,8 @@ def straight_through_sample(
     else:
         index = probs.argmax(-1)
     onehot = F.one_hot(index, probs.shape[-1]).to(probs.dtype)
+    if not (torch.is_grad_enabled() and probs.requires_grad):  # scoring: no gradient to pass through
+        return onehot
     return onehot + probs - probs.detach()
 
 

@@ -246,13 +246,16 @@ class RSSM(nn.Module):
         for t in range(H):
             deter = self.core(state, ctrl[:, t], w)
             all_logp = self.prior_logp(deter)  # (B, K, S, C)
-            if head is None:
-                idx = torch.randint(0, K, (B,), device=deter.device)
-            elif isinstance(head, int):
-                idx = torch.full((B,), head, device=deter.device, dtype=torch.long)
+            if K == 1:  # one head: nothing to choose (and no random draw spent on it)
+                logp = all_logp[:, 0]  # (B, S, C)
             else:
-                idx = head
-            logp = all_logp[torch.arange(B, device=deter.device), idx]  # (B, S, C)
+                if head is None:
+                    idx = torch.randint(0, K, (B,), device=deter.device)
+                elif isinstance(head, int):
+                    idx = torch.full((B,), head, device=deter.device, dtype=torch.long)
+                else:
+                    idx = head
+                logp = all_logp[torch.arange(B, device=deter.device), idx]  # (B, S, C)
             state = State(deter, straight_through_sample(logp, sample))
             deters.append(deter)
             stochs.append(state.stoch)
