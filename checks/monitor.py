@@ -291,7 +291,8 @@ def group_periods(period: Period, state: State, new: list[NewEpisode]) -> list[t
     # period has episodes); the newest one usually is not, and waits in the state for the next run
     reached = max(e.get("end_time") or e["start_time"] for e in items)
     done = sorted((k, v) for k, v in keys.items() if period.origin + (k + 1) * period.seconds <= reached)
-    state.pending = [e for k, v in sorted(keys.items()) if k not in dict(done) for e in v]
+    tested = {k for k, _ in done}
+    state.pending = [e for k, v in sorted(keys.items()) if k not in tested for e in v]
     return done
 
 

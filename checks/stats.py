@@ -116,23 +116,33 @@ def separation(x: np.ndarray, y: np.ndarray) -> float:
 
 def _ranks(v: np.ndarray) -> np.ndarray:
     """Ranks 1..n of v (n,), ties given their average rank."""
+    return _ranks_and_ties(v)[0]
+
+
+def _ranks_and_ties(v: np.ndarray) -> tuple[np.ndarray, float]:
+    """(average ranks (n,), sum over tied groups of t^3 - t) from one sort of v (n,)."""
     _, inv, counts = np.unique(np.asarray(v), return_inverse=True, return_counts=True)
     average = np.cumsum(counts) - 0.5 * (counts - 1)  # (k,) the mean rank of each distinct value
-    return average[inv.ravel()].astype(float)
+    return average[inv.ravel()].astype(float), float((counts.astype(float) ** 3 - counts).sum())
+
+
+def _rank_sum_z(x: np.ndarray, y: np.ndarray, continuity: bool) -> float | None:
+    """Normal-approximation z of the Mann-Whitney U of x (n,) over y (m,), tie-corrected; None
+    when its variance is 0 (every value tied)."""
+    n, m = len(x), len(y)
+    ranks, tie = _ranks_and_ties(np.concatenate([x, y]))
+    u = ranks[:n].sum() - n * (n + 1) / 2.0
+    var = n * m / 12.0 * ((n + m + 1) - tie / ((n + m) * (n + m - 1)))
+    if var <= 0:
+        return None
+    return float((u - n * m / 2.0 - (0.5 if continuity else 0.0)) / math.sqrt(var))
 
 
 def mann_whitney_z(x: np.ndarray, y: np.ndarray, continuity: bool = False) -> float:
     """Normal-approximation z of the one-sided Mann-Whitney statistic (x larger than y), with the
     tie correction (and the continuity correction if asked); cheap enough for bootstrap replicates."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    n, m = len(x), len(y)
-    pooled = np.concatenate([x, y])
-    ranks = _ranks(pooled)
-    u = ranks[:n].sum() - n * (n + 1) / 2.0
-    _, counts = np.unique(pooled, return_counts=True)
-    tie = (counts**3 - counts).sum()
-    var = n * m / 12.0 * ((n + m + 1) - tie / ((n + m) * (n + m - 1)))
-    return float((u - n * m / 2.0 - (0.5 if continuity else 0.0)) / math.sqrt(var)) if var > 0 else 0.0
+    z = _rank_sum_z(np.asarray(x, float), np.asarray(y, float), continuity)
+    return 0.0 if z is None else z
 
 
 def mann_whitney_greater(
@@ -156,16 +166,8 @@ def mann_whitney_greater(
         if k < n:
             sums = total - sums
         return float((1 + np.sum(sums >= observed - 1e-9)) / (permutations + 1))
-    ranks = _ranks(np.concatenate([x, y]))
-    u = ranks[:n].sum() - n * (n + 1) / 2.0
-    mu = n * m / 2.0
-    _, counts = np.unique(np.concatenate([x, y]), return_counts=True)
-    tie = (counts**3 - counts).sum()
-    var = n * m / 12.0 * ((n + m + 1) - tie / ((n + m) * (n + m - 1)))
-    if var <= 0:
-        return 1.0
-    z = (u - mu - 0.5) / math.sqrt(var)
-    return float(_norm_sf(z))
+    z = _rank_sum_z(x, y, continuity=True)
+    return 1.0 if z is None else float(_norm_sf(z))
 
 
 def _random_subsets(rng: np.random.Generator, draws: int, n: int, k: int) -> np.ndarray:
@@ -535,8 +537,7 @@ def block_mmd_test(
     counts = np.array([len(u) for u in units], np.float64)  # (U,)
     in_x = np.zeros((permutations + 1, len(units)), bool)  # row 0: the observed split
     in_x[0, :nx] = True
-    for r in range(1, permutations + 1):
-        in_x[r, rng.permutation(len(units))[:nx]] = True
+    in_x[np.arange(1, permutations + 1)[:, None], _random_subsets(rng, permutations, len(units), nx)] = True
     a = in_x.astype(np.float64)  # (P + 1, U)
     mean_x = (a @ sums) / (a @ counts)[:, None]  # (P + 1, F)
     mean_y = ((1 - a) @ sums) / ((1 - a) @ counts)[:, None]
