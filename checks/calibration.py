@@ -63,6 +63,26 @@ class Calibration:
     real_episode: np.ndarray | None = None  # (n,) held-out episode id of every real block (the clusters)
     spread_scale: np.ndarray | None = None  # (H, D) conformal scale of the predictive std (training/conformal.py)
     sysid: Reference | None = None  # the corrections' fit on the real blocks (sysid.py; None with attribution "grid")
+    known_episodes: np.ndarray | None = None  # (m,) content hashes of every real episode the model or its
+    # thresholds rest on (training log and --real extras): never new data for the monitor
+
+    def known_fingerprints(self) -> set[str] | None:
+        """The content hashes of the episodes the model was trained or calibrated on; None for a
+        calibration written before they were stored."""
+        return None if self.known_episodes is None else {str(f) for f in self.known_episodes}
+
+    def score(self, model, blocks, seed: int) -> BlockScores:
+        """`blocks` scored the way the real blocks were: the calibration's latent draws per step,
+        support reference and scale, and conformal spread (the one place these settings meet)."""
+        return score_blocks(
+            model,
+            blocks,
+            self.config.samples,
+            self.support_ref,
+            self.support_scale,
+            seed=seed,
+            spread_scale=self.spread_scale,
+        )
 
     def support_bound(self, alpha: float) -> float:
         """The latent distance to the training latents that all but `alpha` of held-out real steps stay under."""
@@ -84,6 +104,8 @@ class Calibration:
             arrays["spread_scale"] = self.spread_scale
         if self.sysid is not None:
             arrays.update(self.sysid.to_arrays())
+        if self.known_episodes is not None:
+            arrays["known_episodes"] = np.asarray(self.known_episodes, dtype="<U64")
         with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         meta = {
@@ -125,6 +147,7 @@ class Calibration:
             arrays.get("real_episode"),
             arrays.get("spread_scale"),
             Reference.from_arrays(arrays),
+            arrays.get("known_episodes"),
         )
 
 
@@ -276,6 +299,7 @@ def calibrate(
         blocks.episode,
         spread,
         sysid_ref,
+        np.array(sorted({episode_fingerprint(e) for e in train_eps + held}), dtype="<U64"),
     )
     cal.save(run_dir)
     if model.cfg.image_keys:  # the visual gap's real-vs-real null (checks/visual.py)

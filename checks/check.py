@@ -35,7 +35,7 @@ from wmcheck.checks.model_log import read_log_for_model
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
 from wmcheck.checks.power import cached_power_table
 from wmcheck.checks.regimes import find_regimes
-from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks
+from wmcheck.checks.scoring import BlockScores, latent_features
 from wmcheck.checks.stats import block_mmd_test, conformal_p, separation
 from wmcheck.checks.visual import VisualCalibration, checked_video, require_frames, visual_gap
 from wmcheck.datasets.errors import UserError
@@ -113,9 +113,7 @@ def run_check(
     ending = ending_evidence(inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"])
     if inp.blocks is None:
         return _short_check(inp, ending, levels, gate, rollouts, command, t0)
-    sc = score_blocks(
-        model, inp.blocks, cfg.samples, cal.support_ref, cal.support_scale, seed=seed, spread_scale=cal.spread_scale
-    )
+    sc = cal.score(model, inp.blocks, seed)
     rng = np.random.default_rng(seed)
     comp = _competence(sc, cal, gate)
     comp_idx = np.flatnonzero(comp.competent)
@@ -259,9 +257,8 @@ def _competence(sc: BlockScores, cal: Calibration, gate: Gate) -> Competence:
     cfg, real = cal.config, cal.real
     a_sup = float(gate.score_alpha.get("support", cfg.competence_alpha))
     a_dis = float(gate.score_alpha.get("disagreement", cfg.competence_alpha))
-    competent, bound = competent_blocks(
-        sc.support_steps, sc.disagreement, real.support_steps, real.disagreement, a_sup, a_dis
-    )
+    bound = cal.support_bound(a_sup)
+    competent = competent_blocks(sc.support_steps, sc.disagreement, bound, real.disagreement, a_dis)
     q = cal.support_bound(0.01)
     return Competence(competent, bound, a_sup, float((sc.support_steps <= q).mean()), q)
 

@@ -36,16 +36,16 @@ def score_arrays(sc, names=SCORES + COMPETENCE) -> dict[str, np.ndarray]:
 def competent_blocks(
     support_steps: np.ndarray,
     disagreement: np.ndarray,
-    real_support_steps: np.ndarray,
+    support_bound: float,
     real_disagreement: np.ndarray,
-    support_alpha: float,
     disagreement_alpha: float,
-) -> tuple[np.ndarray, float]:
-    """(n,) bool: blocks inside the model's competence, and the support bound used.
+) -> np.ndarray:
+    """(n,) bool: blocks inside the model's competence: their median step stays within
+    `support_bound` of the training latents (Calibration.support_bound) and their ensemble
+    disagreement is not beyond the real blocks' at `disagreement_alpha`.
     support_steps (n, L - C) latent distances of every step; disagreement (n,) ensemble means."""
-    bound = float(np.quantile(real_support_steps, 1 - support_alpha))
     p_dis = conformal_p(disagreement, real_disagreement) if real_disagreement.max() > 0 else np.ones(len(disagreement))
-    return (np.median(support_steps, 1) <= bound) & (p_dis >= disagreement_alpha), bound
+    return (np.median(support_steps, 1) <= support_bound) & (p_dis >= disagreement_alpha)
 
 
 def _uses_log(score: str) -> bool:

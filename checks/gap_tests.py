@@ -34,7 +34,7 @@ from wmcheck.checks import sysid
 from wmcheck.checks.blocks import Blocks, block_controls, make_blocks
 from wmcheck.checks.config import Tolerances
 from wmcheck.checks.evidence import GapEvidence
-from wmcheck.checks.scoring import BlockScores, score_blocks
+from wmcheck.checks.scoring import BlockScores
 from wmcheck.checks.stats import cluster_bootstrap
 from wmcheck.checks.transforms import actuator_correction, shift_drivers
 from wmcheck.datasets.errors import UserError
@@ -148,16 +148,7 @@ def run_gap_tests(ctx: GapContext) -> GapTests:
         latency, actuator, blocks, applied = fit_corrections(ctx, boot_idx)
     sc = ctx.scores
     if applied:
-        cfg = ctx.cal.config
-        sc = score_blocks(
-            ctx.model,
-            blocks,
-            cfg.samples,
-            ctx.cal.support_ref,
-            ctx.cal.support_scale,
-            seed=ctx.seed,
-            spread_scale=ctx.cal.spread_scale,
-        )
+        sc = ctx.cal.score(ctx.model, blocks, ctx.seed)
     sensor, dynamics = residual_tests(ctx, sc, boot_idx, applied, block_controls(blocks))
     return GapTests(
         {"latency": latency, "actuator": actuator, "sensor_noise": sensor, "dynamics": dynamics}, sc, applied

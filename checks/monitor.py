@@ -41,7 +41,6 @@ from wmcheck.checks.blocks import make_blocks
 from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.drift import EpisodeFeatures, LookPlan, decide_look, episode_features, window_test
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
-from wmcheck.checks.scoring import score_blocks
 from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
@@ -191,11 +190,16 @@ def load_context(run_dir: Path) -> Context:
     return Context(bundle, cal, norm, ref, q, names, dict(bundle.channels.get("units", {})))
 
 
-def training_fingerprints(run_dir: Path, channels: dict) -> set[str]:
-    """Content hashes of the episodes the model was trained and calibrated on (its training log):
-    they are not new real data, and on both sides of a test they would hide a drift. Empty (with
-    nothing refused) when the training log has moved."""
+def known_fingerprints(run_dir: Path, cal, channels: dict) -> set[str]:
+    """Content hashes of the episodes the model was trained and calibrated on (the training log
+    and the `calibrate --real` extras): they are not new real data, and on both sides of a test
+    they would hide a drift. Stored with the calibration; one written before that stores none,
+    and then the training log is read (extras are not known then; empty when the log has moved)."""
     from wmcheck.checks.calibration import training_log
+
+    known = cal.known_fingerprints()
+    if known is not None:
+        return known
 
     try:
         log = training_log(run_dir)
@@ -232,15 +236,7 @@ def score_new(ctx: Context, log: Path, seen: set[str], seed: int) -> tuple[list[
     ]
     if blocks is None:
         return [], short
-    sc = score_blocks(
-        ctx.bundle.model,
-        blocks,
-        cfg.samples,
-        ctx.cal.support_ref,
-        ctx.cal.support_scale,
-        seed=seed,
-        spread_scale=ctx.cal.spread_scale,
-    )
+    sc = ctx.cal.score(ctx.bundle.model, blocks, seed)
     feats = episode_features(sc, blocks.episode, ctx.support_q, ctx.obs_names)
     row = {int(i): r for i, r in zip(feats.ids, feats.values)}
     out = []
@@ -478,7 +474,7 @@ def monitor(
             "repeat the folder's settings, or monitor into a new --out folder",
         )
     new, short = [], []
-    seen = state.seen() | training_fingerprints(run_dir, ctx.bundle.channels)
+    seen = state.seen() | known_fingerprints(run_dir, ctx.cal, ctx.bundle.channels)
     for log in real_logs:
         got, sh = score_new(ctx, Path(log), seen, settings.seed)
         new += got

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmcheck.checks.report_html import _png
+from wmcheck.checks.report_html import _png, page
 from wmcheck.datasets.atomic import write_text_atomic
 
 COLORS = {"stable": "#2e7d32", "drifted": "#c62828", "off-support": "#ef6c00", "inconclusive": "#6d4c41"}
@@ -85,16 +85,7 @@ def render_monitor_html(report: dict) -> str:
         )
     color = COLORS.get(report["verdict"], "#555")
     prov = report["provenance"]
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>wmcheck monitor: {e(v)}</title>
-<style>
-body{{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;max-width:1100px;color:#222}}
-.verdict{{color:#fff;padding:14px 18px;border-radius:6px;font-size:22px;background:{color}}}
-table{{border-collapse:collapse;margin:8px 0 18px;font-size:13px}} td,th{{border:1px solid #ddd;padding:4px 8px;vertical-align:top}}
-th{{background:#f4f4f4}} figure{{margin:8px 0}} figcaption{{font-size:12px;color:#555}} code{{background:#f4f4f4;padding:1px 4px}}
-</style></head><body>
-<div class="verdict" id="verdict">Latest look: <b>{e(v.upper())}</b></div>
-<p id="message">{e(report["message"])}</p>
+    body = f"""<p id="message">{e(report["message"])}</p>
 <p>Reference: {report["reference"]["episodes"]} {e(report["reference"]["what"])}. {e(report["guarantee"])}.
 {report["pending_episodes"]} episode(s) wait for a full period; {len(report["short_episodes"])} were too short to score in this run.</p>
 <h2>Looks (latest first)</h2>
@@ -104,8 +95,8 @@ th{{background:#f4f4f4}} figure{{margin:8px 0}} figcaption{{font-size:12px;color
 {figs}
 <h2>Provenance</h2>
 <p><code>{e(str(prov["command"]))}</code><br>wmcheck {e(prov["wmcheck_version"])}; model sha256 {e(prov["model_sha256"][:16])}…; {prov["seconds"]} s.</p>
-<script type="application/json" id="monitor-json">{e(json.dumps({"verdict": report["verdict"], "exit_code": report["exit_code"]}))}</script>
-</body></html>"""
+<script type="application/json" id="monitor-json">{e(json.dumps({"verdict": report["verdict"], "exit_code": report["exit_code"]}))}</script>"""
+    return page(f"wmcheck monitor: {v}", color, f"Latest look: <b>{e(v.upper())}</b>", body)
 
 
 def write_monitor_outputs(report: dict, out_dir: Path, tensorboard: bool = True) -> dict[str, Path]:

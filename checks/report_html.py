@@ -28,6 +28,28 @@ COLORS = {
 }
 VERDICT_COLORS = {"pass": "#2e7d32", "fail": "#c62828", "unverifiable": "#ef6c00", "inconclusive": "#6d4c41"}
 
+# The one style of every wmcheck page (check, monitor and shadow reports).
+PAGE_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;max-width:1100px;color:#222}
+.verdict{color:#fff;padding:14px 18px;border-radius:6px;font-size:22px}
+table{border-collapse:collapse;margin:8px 0 18px;font-size:13px} td,th{border:1px solid #ddd;padding:4px 8px;vertical-align:top}
+th{background:#f4f4f4} .dot{display:inline-block;width:10px;height:10px;border-radius:5px;margin-right:6px}
+.v-divergent{color:#c62828} .v-unverifiable{color:#ef6c00} .v-consistent{color:#2e7d32}
+figure{margin:8px 0} figcaption{font-size:12px;color:#555} .warn{color:#ef6c00} code{background:#f4f4f4;padding:1px 4px}"""
+
+
+def page(title: str, colour: str, banner: str, body: str) -> str:
+    """A self-contained HTML page in the reports' style: `title` (plain text), a verdict banner
+    (`banner`, HTML) on `colour`, then `body` (HTML)."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+{PAGE_CSS}
+.verdict{{background:{colour}}}
+</style></head><body>
+<div class="verdict" id="verdict">{banner}</div>
+{body}
+</body></html>"""
+
 
 def _png(fig) -> str:
     buf = io.BytesIO()
@@ -409,18 +431,8 @@ def render_html(report: dict) -> str:
     prov = report["provenance"]
     th = report["thresholds"]
     warning = f"<p class='warn'>{e(th['calibration_warning'])}</p>" if th.get("calibration_warning") else ""
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>wmcheck report: {e(v)}</title>
-<style>
-body{{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;max-width:1100px;color:#222}}
-.verdict{{color:#fff;padding:14px 18px;border-radius:6px;font-size:22px;background:{VERDICT_COLORS[v]}}}
-table{{border-collapse:collapse;margin:8px 0 18px;font-size:13px}} td,th{{border:1px solid #ddd;padding:4px 8px;vertical-align:top}}
-th{{background:#f4f4f4}} .dot{{display:inline-block;width:10px;height:10px;border-radius:5px;margin-right:6px}}
-.v-divergent{{color:#c62828}} .v-unverifiable{{color:#ef6c00}} .v-consistent{{color:#2e7d32}}
-figure{{margin:8px 0}} figcaption{{font-size:12px;color:#555}} .warn{{color:#ef6c00}} code{{background:#f4f4f4;padding:1px 4px}}
-</style></head><body>
-<div class="verdict" id="verdict">Verdict: <b>{e(v.upper())}</b> &nbsp; score {_fmt(s["score"])} &nbsp; top gap: {e(s["top_gap"])}</div>
-<p id="message">{e(s["message"])}</p>
+    banner = f"Verdict: <b>{e(v.upper())}</b> &nbsp; score {_fmt(s['score'])} &nbsp; top gap: {e(s['top_gap'])}"
+    body = f"""<p id="message">{e(s["message"])}</p>
 <p>{s["episodes"]} episodes checked: {s["consistent"]} consistent, {s["divergent"]} divergent, {s["unverifiable"]} unverifiable;
 {s.get("competent_blocks", 0)} of {s.get("blocks", 0)} blocks inside the model's competence. False-alarm budget alpha = {s["alpha"]} per run
 (thresholds from {e(str(th["source"]))}, {th.get("calibration_blocks")} held-out real blocks of
@@ -447,5 +459,5 @@ the calibrated threshold; the last column is the smallest size detected with pro
 <p><code>{e(prov["command"])}</code><br>wmcheck {e(prov["wmcheck_version"])}; model sha256
 {e(prov["model_sha256"][:16])}…; training data sha256 {e(prov["training_data_sha256"][:16])}…; rollouts
 {e(prov["rollouts"])} ({e(prov["rollouts_sha256"][:16])}…); {prov["seconds"]} s.</p>
-<script type="application/json" id="report-json">{e(json.dumps({k: report[k] for k in ("verdict", "summary")}))}</script>
-</body></html>"""
+<script type="application/json" id="report-json">{e(json.dumps({k: report[k] for k in ("verdict", "summary")}))}</script>"""
+    return page(f"wmcheck report: {v}", VERDICT_COLORS[v], banner, body)

@@ -6,7 +6,7 @@ import html
 import json
 from pathlib import Path
 
-from wmcheck.checks.report_html import _png
+from wmcheck.checks.report_html import _png, page
 from wmcheck.datasets.atomic import write_text_atomic
 
 COLORS = {"better": "#2e7d32", "no difference": "#2e7d32", "worse": "#c62828", "unverifiable": "#ef6c00"}
@@ -39,16 +39,7 @@ def render_shadow_html(report: dict) -> str:
         for c in report["over_the_horizon"]
     )
     ci = "–" if rd["ci95"] is None else f"{rd['ci95'][0]:+.3g} to {rd['ci95'][1]:+.3g}"
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>wmcheck shadow: {e(v)}</title>
-<style>
-body{{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;max-width:1100px;color:#222}}
-.verdict{{color:#fff;padding:14px 18px;border-radius:6px;font-size:22px;background:{COLORS[v]}}}
-table{{border-collapse:collapse;margin:8px 0 18px;font-size:13px}} td,th{{border:1px solid #ddd;padding:4px 8px}}
-th{{background:#f4f4f4}} figcaption{{font-size:12px;color:#555}} code{{background:#f4f4f4;padding:1px 4px}}
-</style></head><body>
-<div class="verdict" id="verdict">Shadow: <b>{e(v.upper())}</b></div>
-<p id="message">{e(report["message"])}</p>
+    body = f"""<p id="message">{e(report["message"])}</p>
 <p>Objective: {e(report["objective"])}.</p>
 <table id="summary"><tr><th>episodes</th><th>starts</th><th>judged (inside competence)</th><th>return difference per {e(rd["per"])}</th>
 <th>95 % CI</th><th>model's error on the logged return</th><th>proposals leave competence</th><th>baseline leaves competence</th></tr>
@@ -59,8 +50,8 @@ th{{background:#f4f4f4}} figcaption{{font-size:12px;color:#555}} code{{backgroun
 <figure><img src='{_png(difference_figure(report))}' alt='return differences'><figcaption>Predicted return difference
 of every start: following the logged proposals against the logged baseline commands, from the same latent state.</figcaption></figure>
 <h2>Provenance</h2><p><code>{e(str(report["provenance"]["command"]))}</code><br>wmcheck {e(report["provenance"]["wmcheck_version"])};
-model sha256 {e(report["provenance"]["model_sha256"][:16])}…; log {e(report["provenance"]["log"])}</p>
-</body></html>"""
+model sha256 {e(report["provenance"]["model_sha256"][:16])}…; log {e(report["provenance"]["log"])}</p>"""
+    return page(f"wmcheck shadow: {v}", COLORS[v], f"Shadow: <b>{e(v.upper())}</b>", body)
 
 
 def _f(x) -> str:

@@ -325,6 +325,19 @@ def test_calibrate_with_extra_real_logs_never_on_training_data(pendulum, tmp_pat
     )
     report = run_check(copy, _sim(tmp, meta, "faithful_extra", RealityProfile()), Gate(require_power=[]))
     assert report["thresholds"]["calibration_blocks"] == after["blocks"]
+    # the extras are now part of the reference: the monitor never scores them as new real data
+    from wmcheck.checks.calibration import Calibration
+    from wmcheck.checks.model_log import episode_fingerprint
+
+    known = Calibration.load(copy).known_fingerprints()
+    with open_log(tmp_path / "extra.h5") as log:
+        assert {episode_fingerprint(e) for e in log} <= known
+    with open_log(tmp / "real.h5") as log:
+        assert {episode_fingerprint(e) for e in log} <= known and len(known) == len(log.episode_ids) + 4
+    mon = ["monitor", str(copy), "--real", str(tmp_path / "extra.h5"), "--out", str(tmp_path / "mon")]
+    assert main([*mon, "--period", "1", "--no-tensorboard"]) == 0
+    state = json.loads((tmp_path / "mon" / "monitor_state.json").read_text())
+    assert state["looks"] == [] and state["pending"] == []
 
     # the training log itself holds training episodes: refused, before anything is written
     proc = subprocess.run(

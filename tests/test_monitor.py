@@ -90,8 +90,16 @@ def test_monitor_stays_stable_then_finds_a_drift(new_logs, capsys):
     args = ["monitor", str(run), "--out", str(out), "--period", "6", "--no-tensorboard"]
     assert main(args + ["--real", str(logs["faithful"])]) == 0
     report = json.loads((out / "monitor.json").read_text())
-    assert [lk["verdict"] for lk in report["looks"]][1:] == ["stable"] * 5
-    assert report["looks"][0]["verdict"] in ("stable", "inconclusive")  # 6 held-out episodes: p >= 1/924
+    # Against the 6 held-out episodes alone, the first looks' windows (6 and 12 episodes) may not
+    # reach the level: the exact test's smallest p counts every feature's extreme subsets (e.g. 14
+    # of C(18, 6) = 18,564 for 7 untied two-sided features), which then says inconclusive, never pass.
+    early, later = report["looks"][:2], report["looks"][2:]
+    assert all(lk["verdict"] == "stable" for lk in later), [lk["verdict"] for lk in report["looks"]]
+    for lk in early:
+        assert lk["verdict"] in ("stable", "inconclusive")
+        if lk["verdict"] == "inconclusive":
+            assert not any(w["can_fire"] for w in lk["windows"].values())
+    assert all(w["can_fire"] for lk in later[2:] for w in lk["windows"].values())  # the grown reference
     held = report["reference"]["episodes"]
     assert [lk["reference_episodes"] for lk in report["looks"]] == [held] * 4 + [held + 24] * 2
     assert "P(any false alarm in 52 looks) <= 0.05" in report["guarantee"]
