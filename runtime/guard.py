@@ -11,12 +11,23 @@ step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the gu
      `horizon` steps against the real blocks' quantile. Outside for `enter_steps` consecutive
      steps -> the fallback controller acts; inside again for `exit_steps` consecutive steps -> the
      policy acts again (hysteresis);
-  3. (c) rollback: every `rollback_window` steps after the warm-up, the mean one-step NLL of those
-     steps gets its conformal p-value against every window of as many consecutive steps in the
-     held-out real blocks (`BlockScores.nll_steps`); `consecutive` windows in a row at or below
-     `rollback_alpha` raise the rollback signal (the `on_rollback` callback, once per episode).
-     Under faithful operation a window is flagged with probability about rollback_alpha (the
-     real windows overlap, so the reference is not exchangeable sample by sample);
+  3. (c) rollback, from two statistics, each tested at `rollback_alpha`:
+     - one-step: every `rollback_window` steps after the warm-up, the mean one-step NLL of those
+       steps gets its conformal p-value against every window of as many consecutive steps in the
+       held-out real blocks (`BlockScores.nll_steps`). Under faithful operation a window is
+       flagged with probability about rollback_alpha (the real windows overlap, so the
+       reference is not exchangeable sample by sample);
+     - open loop (`open_loop`): every `horizon` steps once a block's `context + horizon` steps
+       have been seen, the latest block is scored exactly as the check scores a block (observe
+       the context, imagine the horizon under the applied actions: `Calibration.score`; blocks
+       start every `horizon` steps, so they overlap by `context`). The open-loop divergences of
+       the episode's blocks so far get the check's one-episode prediction test against the
+       held-out real blocks (`stats.episode_outlier_p`, log scale, real episodes as the units).
+       A weaker actuator barely moves a one-step prediction, but its error builds up over a
+       horizon. The statistic pools the whole episode: it suits a gap present from the start
+       (a wrong actuator); a change in the middle of a long episode is the one-step windows' job;
+     `consecutive` flagged tests in a row of either statistic raise the rollback signal (the
+     `on_rollback` callback, once per episode);
   4. (a) projects the chosen action into the envelope of the real logs: per-channel bounds (the
      training log's range unless given) and, when given or computed from the training log, a
      rate limit on the per-step change;
@@ -38,7 +49,7 @@ import torch
 
 from wmcheck.checks.calibration import load_calibrated
 from wmcheck.checks.scoring import support_distance
-from wmcheck.checks.stats import conformal_p
+from wmcheck.checks.stats import conformal_p, episode_outlier_p
 from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
@@ -57,6 +68,7 @@ class GuardConfig:
     consecutive: int = 2  # flagged windows in a row that raise the rollback signal
     warmup_controller: str = "policy"  # who acts in the first `context` steps, before the latent has converged
     samples: int = 8  # latent draws of the one-step predictive mixture: as calibration scored nll_steps
+    open_loop: bool = True  # also test each block's open-loop divergence (one block scoring every `horizon` steps)
     seed: int = 0
 
 
@@ -73,6 +85,7 @@ class Step:
     nll: float  # one-step predictive NLL of this step's observation (mean over channels)
     projected: bool  # the action was clipped into bounds / rate limits
     window_p: float | None = None  # the conformal p of a window ending here
+    block_p: float | None = None  # the open-loop prediction test's p of a block ending here
     rollback: bool = False
 
 
@@ -155,6 +168,12 @@ class Guard:
                 f"re-run `wmcheck calibrate {self.run_dir}` (or a smaller rollback_window)",
             )
         self.support_ref = self.cal.support_ref
+        # the open-loop test's reference: the held-out real blocks' divergence, by real episode
+        groups = (
+            self.cal.real_episode if self.cal.real_episode is not None else np.arange(len(self.cal.real.divergence))
+        )
+        self.real_div = (self.cal.real.divergence, groups)
+        self.open_loop = self.cfg.open_loop and len(np.unique(groups)) >= 2
         self.decisions: list[Step] = []
         self._episodes: list[dict] = []
         torch.manual_seed(self.cfg.seed)
@@ -176,7 +195,8 @@ class Guard:
         self.out_run = self.in_run = 0
         self.nll_window: deque = deque(maxlen=self.cfg.rollback_window)
         self.dis_window: deque = deque(maxlen=self.window)
-        self.flagged_run = 0
+        self.flagged_run = self.block_run = 0
+        self.episode_div: list[float] = []
         self.rolled_back = False
         self._obs = [np.asarray(obs, np.float32)]
         self._acts: list[np.ndarray] = []
@@ -259,19 +279,34 @@ class Guard:
                 self.mode = "fallback"
 
     def _rollback_check(self, step: Step) -> None:
-        """Every rollback window after the warm-up: its conformal p; `consecutive` flagged in a row roll back."""
+        """The one-step windows' and the open-loop blocks' tests that end at this step;
+        `consecutive` flagged tests in a row of either roll back."""
         if self.t < self.context:
             return
         self.nll_window.append(self.last_nll)
-        if (self.t - self.context + 1) % self.cfg.rollback_window:
-            return
-        p = float(conformal_p(np.mean(self.nll_window), self.real_nll)[0])
-        step.window_p = p
-        self.flagged_run = self.flagged_run + 1 if p <= self.cfg.rollback_alpha else 0
-        if self.flagged_run >= self.cfg.consecutive and not self.rolled_back:
+        if (self.t - self.context + 1) % self.cfg.rollback_window == 0:
+            step.window_p = float(conformal_p(np.mean(self.nll_window), self.real_nll)[0])
+            self.flagged_run = self.flagged_run + 1 if step.window_p <= self.cfg.rollback_alpha else 0
+        length = self.context + self.window
+        if self.open_loop and self.t + 1 >= length and (self.t + 1 - length) % self.window == 0:
+            step.block_p = self._block_p(length)
+            self.block_run = self.block_run + 1 if step.block_p <= self.cfg.rollback_alpha else 0
+        if max(self.flagged_run, self.block_run) >= self.cfg.consecutive and not self.rolled_back:
             self.rolled_back = step.rollback = True
             if self.on_rollback is not None:
                 self.on_rollback(step)
+
+    def _block_p(self, length: int) -> float:
+        """Score the block of the last `length` observations and the actions applied between them
+        (this step's action is not applied yet); the prediction test of the episode's blocks so far."""
+        from wmcheck.checks.blocks import make_blocks
+        from wmcheck.datasets.episode import Episode
+
+        ep = Episode(np.array(self._obs[-length:]), np.array(self._acts[-(length - 1) :]), id=0)
+        blocks = make_blocks([ep], self.norm, self.context, self.window)
+        div = self.cal.score(self.model, blocks, self.cfg.seed).divergence  # (1,)
+        self.episode_div.append(float(div[0]))
+        return episode_outlier_p(np.array(self.episode_div), *self.real_div, log=True)
 
     def finish(self, obs) -> None:
         """The episode's final observation (after its last action), for the log; `GuardedEnv` calls

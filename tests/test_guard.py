@@ -61,6 +61,7 @@ def faults(pendulum_checked):
         "sensor_drift": run(run_dir, RealityProfile(sensor_drift=[0, 0, 0.02]), 3, 200),
         "latency": run(run_dir, RealityProfile(latency_steps=3), 4, 300),
         "off_range_sensor": run(run_dir, RealityProfile(sensor_bias=[2.0, 0, 0]), 2, 400),
+        "weak_actuator": run(run_dir, RealityProfile(actuator_gain=0.3), 4, 500),
     }
 
 
@@ -86,6 +87,39 @@ def test_a_latency_lowers_the_window_p_values_and_rolls_back(faults):
     p = {k: [s.window_p for s in runs[k][0].decisions if s.window_p is not None] for k in ("faithful", "latency")}
     assert np.median(p["latency"]) < np.median(p["faithful"]) / 2, {k: np.median(v) for k, v in p.items()}
     assert sum(e["rollback"] is not None for e in runs["latency"][1]) >= 2, runs["latency"][1]
+
+
+def test_a_weak_actuator_shows_in_the_open_loop_test(faults):
+    """A torque gain of 0.3 barely moves the one-step NLL, but its error builds up over a horizon:
+    the open-loop blocks' prediction test gives it far smaller p-values than the faithful runs'."""
+    _, runs = faults
+    p = {k: [s.block_p for s in runs[k][0].decisions if s.block_p is not None] for k in ("faithful", "weak_actuator")}
+    assert len(p["faithful"]) == 6 * 3 and len(p["weak_actuator"]) == 4 * 3  # blocks at t + 1 = 64, 112, 160
+    assert np.median(p["weak_actuator"]) < np.median(p["faithful"]) / 5, {k: np.median(v) for k, v in p.items()}
+    assert sum(q <= 0.01 for q in p["faithful"]) <= 3  # about 0.01 x 18 expected at the rollback level
+
+
+def test_the_open_loop_test_scores_the_blocks_the_check_would(faults, tmp_path):
+    """The guard's open-loop blocks are the logged trajectory's blocks every `horizon` steps, scored
+    as the check scores them: recomputing the p-values from the written log gives the same numbers."""
+    from wmcheck.checks.blocks import make_blocks
+    from wmcheck.checks.model_log import read_log_for_model
+    from wmcheck.checks.stats import episode_outlier_p
+    from wmcheck.datasets.episode import Episode
+
+    _, runs = faults
+    guard = runs["weak_actuator"][0]
+    path, _ = guard.write_log(tmp_path / "weak.h5")
+    _, episodes = read_log_for_model(path, guard.bundle.channels)
+    C, H = guard.context, guard.window
+    for i, ep in enumerate(episodes):
+        got = [s.block_p for s in guard.decisions[i * STEPS : (i + 1) * STEPS] if s.block_p is not None]
+        divs, want = [], []
+        for start in range(0, ep.num_steps + 1 - (C + H) + 1, H):
+            sub = Episode(ep.observations[start : start + C + H], ep.actions[start : start + C + H - 1], id=0)
+            divs.append(guard.cal.score(guard.model, make_blocks([sub], guard.norm, C, H), 0).divergence[0])
+            want.append(episode_outlier_p(np.array(divs), *guard.real_div, log=True))
+        assert np.allclose(got, want), (got, want)
 
 
 def test_readings_outside_the_logs_hand_over_to_the_fallback(faults):
@@ -134,5 +168,6 @@ def test_decisions_are_a_log_wmcheck_reads(faults, tmp_path):
     meta, episodes = read_log_for_model(path, guard.bundle.channels)
     assert meta.source == "policy" and len(episodes) == 2 and episodes[0].num_steps == STEPS
     decisions = json.loads(side.read_text())
-    assert len(decisions) == 2 * STEPS and {"controller", "support", "window_p", "rollback"} <= set(decisions[0])
+    assert len(decisions) == 2 * STEPS
+    assert {"controller", "support", "window_p", "block_p", "rollback"} <= set(decisions[0])
     assert np.allclose(episodes[0].actions[:, 0], [d["applied"][0] for d in decisions[:STEPS]])
