@@ -7,8 +7,9 @@ setup:
 demo: setup
 	.venv/bin/wmcheck demo
 
+# One worker per core (pytest-xdist); tests sharing a trained fixture stay on one worker (tests/conftest.py).
 test: setup lint
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n auto --dist loadgroup
 
 # The formatter and linter (configured in pyproject.toml); `make format` applies them.
 lint: setup

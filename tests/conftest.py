@@ -56,6 +56,19 @@ def record_pendulum(path, episodes: int = 12, steps: int = 200, hold: int = 5, s
     return path
 
 
+# Session fixtures that train a model (minutes each). Under pytest-xdist (`make test` runs
+# `pytest -n auto --dist loadgroup`) every test that uses one of them runs on the same worker, so
+# each is trained once; every other test stays with its module (module fixtures are built once too).
+TRAINED_SESSION_FIXTURES = ("pendulum_checked", "pusher_pixel_run")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        shared = next((f for f in TRAINED_SESSION_FIXTURES if f in item.fixturenames), None)
+        item.add_marker(pytest.mark.xdist_group(shared or item.module.__name__))
+
+
 @pytest.fixture(scope="session")
 def pendulum_log(tmp_path_factory):
     return record_pendulum(tmp_path_factory.mktemp("logs") / "pendulum.h5")
