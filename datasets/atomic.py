@@ -42,10 +42,53 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
                 os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp_path, target)
         _fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as exc:
+        room = write_room(tmp_path)  # before the unlink: the partial file counts against a size limit
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if isinstance(exc, Exception) and room < NEARLY_FULL and not _is_user_error(exc):
+            # PyTorch's and HDF5's writers do not say why a write failed ("iostream error"):
+            # with no room left where the file was being written, that is why.
+            from wmcheck.datasets.errors import UserError
+
+            raise UserError(
+                f"could not write {target}: no room left (the disk is full, or the file-size limit "
+                f"`ulimit -f` is reached; the writer said {type(exc).__name__}: {str(exc).strip()[:120]})",
+                "free disk space (or raise the limit) and run the command again; nothing partial was "
+                "left under that name",
+            ) from exc
         raise
+
+
+NEARLY_FULL = 1024 * 1024  # bytes: a write that fails with less room than this ran out of room
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    from wmcheck.datasets.errors import UserError
+
+    return isinstance(exc, UserError)
+
+
+def write_room(path: str | os.PathLike) -> float:
+    """Bytes the file at `path` (or a new file there) can still grow by: the disk's free space
+    for unprivileged writers, and the process's file-size limit (`ulimit -f`) less the file's
+    current size; inf when neither can be read."""
+    path = Path(path)
+    room = float("inf")
+    try:
+        st = os.statvfs(path.parent)
+        room = float(st.f_bavail * st.f_frsize)
+    except (OSError, AttributeError):  # AttributeError: no statvfs on this platform
+        pass
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY:
+            room = min(room, float(soft - (path.stat().st_size if path.exists() else 0)))
+    except (ImportError, OSError, ValueError):
+        pass
+    return room
 
 
 def write_text_atomic(target: str | os.PathLike, text: str) -> None:

@@ -4,8 +4,10 @@ Exit codes of every command: 0 success (a check: pass), 1 a check found a gap (f
 unverifiable), 2 bad input or usage (`UserError`), 3 a check is inconclusive, 4 an internal error
 (a bug in wmcheck: one line, the traceback in a log file), 130 / 143 stopped by SIGINT / SIGTERM
 (`Interrupted`: what was saved and how to resume), 141 standard output closed by its reader (e.g.
-`| head`; the files were written). `wmcheck monitor`: 1 drifted or off-support; `wmcheck shadow`: 1
-the proposals are predicted worse, 3 unverifiable.
+`| head`; the files were written). `wmcheck monitor`: 1 drifted or off-support; `wmcheck shadow`:
+1 the proposals are predicted worse, 3 unverifiable. A write refused for lack of space (a full
+disk, a quota, the file-size limit: `out_of_space`) exits 2 like bad input, with nothing partial
+under a final name.
 
 
 Raise `UserError(problem, fix)` anywhere bad input is detected (missing file, wrong column,
@@ -44,3 +46,32 @@ class Interrupted(Exception):
 
     def __str__(self) -> str:
         return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"
+
+
+# What a failed write says when the disk is full, a quota is reached or the file-size limit
+# (`ulimit -f`) is hit: the OS error numbers, and the words HDF5 and PyTorch put in their own
+# exceptions (they do not carry the errno; HDF5's message names it as "errno = 28").
+_NO_SPACE_ERRNOS = {28, 27, 122}  # ENOSPC, EFBIG, EDQUOT (Linux)
+_NO_SPACE_WORDS = (
+    "no space left on device",
+    "file too large",
+    "disk quota exceeded",
+    "errno = 28",
+    "errno = 27",
+    "errno = 122",
+    "file write failed",  # PyTorch's checkpoint writer (and HDF5's) when the OS refuses a write
+)
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether `exc` (or an exception it was raised from) is a write refused for lack of space:
+    a full disk, a quota, or the process's file-size limit."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:
+            return True
+        if any(w in str(exc).lower() for w in _NO_SPACE_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

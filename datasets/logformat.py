@@ -30,7 +30,7 @@ import h5py
 import numpy as np
 
 from wmcheck.datasets import layout as L
-from wmcheck.datasets.atomic import atomic_path
+from wmcheck.datasets.atomic import atomic_path, write_room
 from wmcheck.datasets.episode import FORMAT_NAME, FORMAT_VERSION, Episode, LogMeta
 from wmcheck.datasets.errors import UserError
 
@@ -63,11 +63,17 @@ class LogWriter:
         self._ids: set[int] = set()
         self._dims: tuple[int, int, int] | None = None  # (D, A, E) of the first episode
         self._groups: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
+        self._tmp: Path | None = None
+
+    # HDF5 does not survive a write the OS refuses (a full disk, `ulimit -f`): it floods errors
+    # while freeing its objects and can crash the process. So `add` checks first that the
+    # episode's raw bytes, plus this margin for HDF5's own metadata and buffers, fit.
+    ROOM_MARGIN = 256 * 1024
 
     def __enter__(self) -> LogWriter:
         self._stack = contextlib.ExitStack()
         try:
-            tmp = self._stack.enter_context(atomic_path(self.path, suffix=".h5"))
+            tmp = self._tmp = self._stack.enter_context(atomic_path(self.path, suffix=".h5"))
             self._file = h5py.File(tmp, "w", track_order=True)
             self._stack.callback(self._file.close)  # closed before atomic_path renames
         except BaseException:
@@ -88,6 +94,7 @@ class LogWriter:
         if self._file is None:
             raise RuntimeError("LogWriter.add called outside its `with` block")
         self._check(ep)
+        self._check_room(ep)
         g = self._file.create_group(f"episode_{ep.id}")
         g.attrs["id"] = int(ep.id)
         g.attrs["total_steps"] = ep.num_steps
@@ -116,6 +123,21 @@ class LogWriter:
         if ep.proposed_actions is not None:  # shadow mode (N, A)
             g.create_dataset("proposed_actions", data=np.asarray(ep.proposed_actions, np.float32))
         self._ids.add(int(ep.id))
+
+    def _check_room(self, ep: Episode) -> None:
+        """UserError before the episode is written when the disk (or the file-size limit) has no
+        room for its uncompressed arrays: nothing is left under the final name."""
+        arrays = [ep.observations, ep.actions, ep.inputs, ep.timestamps, ep.proposed_actions]
+        arrays += list((ep.obs_groups or {}).values())
+        need = sum(np.asarray(x).size * max(np.asarray(x).itemsize, 4) for x in arrays if x is not None)
+        need += 10 * ep.num_steps + self.ROOM_MARGIN  # rewards (f8), terminations and truncations (bool)
+        room = write_room(self._tmp)
+        if need > room:
+            raise UserError(
+                f"no room to write {self.path}: episode {ep.id} needs up to {need / 2**20:.3g} MiB more, and the disk "
+                f"(or the file-size limit) leaves {max(room, 0) / 2**20:.3g} MiB",
+                "free disk space (or raise `ulimit -f`) and run the command again; nothing was written under that name",
+            )
 
     def _check(self, ep: Episode) -> None:
         problems = []

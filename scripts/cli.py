@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from wmcheck.datasets.errors import INTERNAL_ERROR, Interrupted, UserError
+from wmcheck.datasets.errors import INTERNAL_ERROR, Interrupted, UserError, out_of_space
 from wmcheck.datasets.version import version
 
 # Subcommand modules, in the order `wmcheck --help` lists them. A module that is not there yet
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(threads)
+    refuse_writes_instead_of_dying()
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
@@ -97,7 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that Python's own flush at exit does not raise again
         return 141  # 128 + SIGPIPE, as a shell reports it
-    except Exception as exc:  # a bug in wmcheck: one line here, the traceback in a file
+    except Exception as exc:
+        if out_of_space(exc):  # the outputs were being written under temporary names: none is left half-written
+            print(
+                f"wmcheck {args.command}: error: could not write the output: {_first_line(exc)}\n"
+                "  fix: free disk space (or raise the file-size limit, `ulimit -f`) and run the command again; "
+                "outputs are written under temporary names and renamed, so no file under its final name is partial",
+                file=sys.stderr,
+            )
+            return 2
+        # a bug in wmcheck: one line here, the traceback in a file
         log = crash_log(args, traceback.format_exc())
         print(
             f"wmcheck {args.command}: internal error (a bug in wmcheck, not in your data): "
@@ -106,6 +117,32 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return INTERNAL_ERROR
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+def refuse_writes_instead_of_dying() -> None:
+    """When a write hits the file-size limit the kernel sends SIGXFSZ, which kills the process
+    before any cleanup (temporary files stay behind). Ignored, the write fails with EFBIG and the
+    error reaches `main`. Writes HDF5 refuses while freeing its objects surface as "unraisable"
+    exceptions, one per object (thousands of tracebacks for one full disk): those are dropped,
+    because the write that failed first has raised already."""
+    if hasattr(signal, "SIGXFSZ"):
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        except ValueError:  # not the main thread (main called from a library thread): leave it
+            pass
+    default = sys.unraisablehook
+
+    def hook(unraisable):
+        if unraisable.exc_value is not None and out_of_space(unraisable.exc_value):
+            return
+        default(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def crash_log(args: argparse.Namespace, text: str) -> Path:
