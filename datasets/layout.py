@@ -65,7 +65,31 @@ def _is_numeric(dtype: np.dtype) -> bool:
 
 
 def width(ds: h5py.Dataset) -> int:
+    """Channels of a per-step dataset (rows first); LayoutError for a scalar, which has no rows."""
+    if ds.ndim == 0:
+        raise LayoutError(f"{ds.name} is a scalar dataset; a per-step dataset has one row per step")
     return int(np.prod(ds.shape[1:], dtype=np.int64)) if ds.ndim > 1 else 1
+
+
+def non_numeric(nodes, keys) -> list[str]:
+    """The datasets among `keys` of a group (or a dict of its members) whose values are not numbers
+    or booleans (text, complex, compound): no per-step dataset may hold them."""
+    return [k for k in keys if isinstance(nodes.get(k), h5py.Dataset) and not _is_numeric(nodes[k].dtype)]
+
+
+def int_attr(attrs, name: str) -> int | None:
+    """An integer attribute (`total_steps`, `id`, ...), None when absent; LayoutError naming it
+    when it is not a whole number (a string, NaN, 2.5)."""
+    if name not in attrs:
+        return None
+    value = attrs[name]
+    try:
+        out = int(value)
+        if float(value) != out:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise LayoutError(f"attribute {name}={value!r} is not a whole number") from None
+    return out
 
 
 def _leaves(group: h5py.Group, prefix: str = "") -> list[tuple[str, h5py.Dataset]]:
@@ -134,8 +158,9 @@ def read_state(node, layout: ObsLayout, start: int = 0, stop: int | None = None)
     """Rows [start, stop) of the vector state as float32, (rows, D)."""
     parts = []
     for key in layout.vector_keys:
-        x = component(node, key)[start:stop]
-        parts.append(np.asarray(x, np.float32).reshape(x.shape[0], -1))  # (rows, w)
+        ds = component(node, key)
+        x = ds[start:stop]
+        parts.append(np.asarray(x, np.float32).reshape(x.shape[0], width(ds)))  # (rows, w)
     if not parts:
         rows = len(range(*slice(start, stop).indices(component(node, layout.group_keys[0]).shape[0])))
         return np.zeros((rows, 0), np.float32)

@@ -375,8 +375,14 @@ class LogReader:
         g = self._group(episode_id)
         if isinstance(g.get("actions"), h5py.Dataset):
             return int(g["actions"].shape[0])
-        if "total_steps" in g.attrs:
-            return int(g.attrs["total_steps"])
+        try:
+            steps = L.int_attr(g.attrs, "total_steps")
+        except L.LayoutError as exc:
+            raise UserError(
+                f"episode {episode_id} of {self.path}: {exc}", _VALIDATE_FIX.format(path=self.path)
+            ) from None
+        if steps is not None:
+            return steps
         raise UserError(f"episode {episode_id} of {self.path} has no actions", _VALIDATE_FIX.format(path=self.path))
 
     @property
@@ -435,6 +441,9 @@ class LogReader:
         scalars = [k for k in PER_STEP if isinstance(nodes.get(k), h5py.Dataset) and nodes[k].ndim == 0]
         if scalars:
             return None, [f"{', '.join(scalars)}: scalar dataset(s); a per-step dataset has one row per step"]
+        text = L.non_numeric(nodes, PER_STEP)
+        if text:
+            return None, [f"{k} holds {nodes[k].dtype} values, not numbers" for k in text]
         problems = []
         meta = self.meta
         lay = self._obs_layout(episode_id)
@@ -444,8 +453,9 @@ class LogReader:
             groups_rows = {k: v for k, v in L.component_rows(nodes["observations"], lay).items() if k in lay.group_keys}
         actions = L.read_actions(nodes["actions"], self.num_action_classes)  # (N, A)
         n = actions.shape[0]
-        if "total_steps" in g.attrs and int(g.attrs["total_steps"]) != n:  # validate's total_steps_mismatch
-            problems.append(f"attribute total_steps={int(g.attrs['total_steps'])} but actions have {n} rows")
+        steps = L.int_attr(g.attrs, "total_steps")  # a LayoutError (not a whole number) is a problem too
+        if steps is not None and steps != n:  # validate's total_steps_mismatch
+            problems.append(f"attribute total_steps={steps} but actions have {n} rows")
         inputs = L.read_vector(nodes["inputs"]) if "inputs" in nodes else None  # (N, E)
         rewards = np.asarray(nodes["rewards"][()], np.float32) if "rewards" in nodes else None  # (N,)
         terms = np.asarray(nodes["terminations"][()], bool)  # (N,)

@@ -308,18 +308,22 @@ class _Validator:
 
     def _episode(self, eid: int, g: h5py.Group) -> None:
         add = lambda sev, code, msg, ch=None: self.add(sev, code, msg, eid, ch)  # noqa: E731
-        if "id" in g.attrs and int(g.attrs["id"]) != eid:
-            add(
-                "warning",
-                "id_mismatch",
-                f"attribute id={int(g.attrs['id'])} but the group is episode_{eid}; using {eid}",
-            )
+        try:
+            attr_id, attr_steps = L.int_attr(g.attrs, "id"), L.int_attr(g.attrs, "total_steps")
+        except L.LayoutError as exc:
+            add("error", "bad_attribute", str(exc))
+            return
+        if attr_id is not None and attr_id != eid:
+            add("warning", "id_mismatch", f"attribute id={attr_id} but the group is episode_{eid}; using {eid}")
         for key in REQUIRED:
             if key not in g:
                 add("error", "missing_dataset", f"dataset {key} is missing", key)
         scalars = [k for k in PER_STEP if isinstance(g.get(k), h5py.Dataset) and g[k].ndim == 0]
         for k in scalars:
             add("error", "scalar_dataset", f"{k} is a scalar dataset; a per-step dataset has one row per step", k)
+        for k in L.non_numeric(g, PER_STEP):
+            add("error", "bad_dtype", f"{k} holds {g[k].dtype} values, not numbers", k)
+            scalars.append(k)
         if scalars:  # the episode's other checks read rows of these datasets
             return
         lay = None
@@ -332,17 +336,13 @@ class _Validator:
         if isinstance(act, h5py.Group):
             add("error", "bad_layout", "actions are a group; expected one (N, A) dataset", "actions")
             act = None
-        n = act.shape[0] if act is not None else g.attrs.get("total_steps")
+        n = act.shape[0] if act is not None else attr_steps
         if n is None:
             return
         n = int(n)
         self.summary.total_steps += n
-        if "total_steps" in g.attrs and act is not None and int(g.attrs["total_steps"]) != n:
-            add(
-                "error",
-                "total_steps_mismatch",
-                f"attribute total_steps={int(g.attrs['total_steps'])} but actions have {n} rows",
-            )
+        if attr_steps is not None and act is not None and attr_steps != n:
+            add("error", "total_steps_mismatch", f"attribute total_steps={attr_steps} but actions have {n} rows")
         if n == 0:
             add("warning", "zero_steps", "the episode has no steps")
         rows = {
