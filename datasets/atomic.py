@@ -16,14 +16,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from wmcheck.datasets.errors import UserError
+
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it onto `target` on success."""
     target = Path(target)
     if target.exists() and not target.is_file():
-        from wmcheck.datasets.errors import UserError
-
         raise UserError(
             f"{target} exists and is not a regular file (a device, a folder or a pipe)",
             "write to a new path or to a regular file",
@@ -46,11 +46,9 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         room = write_room(tmp_path)  # before the unlink: the partial file counts against a size limit
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
-        if isinstance(exc, Exception) and room < NEARLY_FULL and not _is_user_error(exc):
+        if isinstance(exc, Exception) and room < NEARLY_FULL and not isinstance(exc, UserError):
             # PyTorch's and HDF5's writers do not say why a write failed ("iostream error"):
             # with no room left where the file was being written, that is why.
-            from wmcheck.datasets.errors import UserError
-
             raise UserError(
                 f"could not write {target}: no room left (the disk is full, or the file-size limit "
                 f"`ulimit -f` is reached; the writer said {type(exc).__name__}: {str(exc).strip()[:120]})",
@@ -61,12 +59,6 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
 
 
 NEARLY_FULL = 1024 * 1024  # bytes: a write that fails with less room than this ran out of room
-
-
-def _is_user_error(exc: BaseException) -> bool:
-    from wmcheck.datasets.errors import UserError
-
-    return isinstance(exc, UserError)
 
 
 def write_room(path: str | os.PathLike) -> float:

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         log = crash_log(args, traceback.format_exc())
         print(
             f"wmcheck {args.command}: internal error (a bug in wmcheck, not in your data): "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}; "
+            f"{_first_line(exc)}; "
             f"traceback written to {log}",
             file=sys.stderr,
         )
@@ -136,12 +136,15 @@ def refuse_writes_instead_of_dying() -> None:
         except ValueError:  # not the main thread (main called from a library thread): leave it
             pass
     default = sys.unraisablehook
+    if getattr(default, "drops_out_of_space", False):  # installed by an earlier main() in this process
+        return
 
     def hook(unraisable):
         if unraisable.exc_value is not None and out_of_space(unraisable.exc_value):
             return
         default(unraisable)
 
+    hook.drops_out_of_space = True
     sys.unraisablehook = hook
 
 
