@@ -14,6 +14,8 @@ policy checks' return comparisons).
 Power: calibration stores the power set (checks/power.py: halves of the held-out episodes, gaps of
 graded size injected into one half); `power.power_table` turns it into what a pass is worth.
 Endings: how many training and held-out episodes terminate (checks/endings.py).
+Policy: the held-out episodes' (conditions, command) pairs, the reference of the policy-shift test
+(checks/policy_match.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import CheckConfig
 from wmcheck.checks.endings import real_endings
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
+from wmcheck.checks.policy_match import PolicyPairs, policy_pairs
 from wmcheck.checks.power import PowerSet, injected_power
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks, with_spread_scale
 from wmcheck.checks.sysid import Reference, reference
@@ -44,11 +47,12 @@ from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 from wmcheck.training.conformal import fit_spread_scale
 from wmcheck.training.quality import compute_card, read_card, write_card
 
-CALIBRATION_VERSION = 7  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 8  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
 # 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale;
-# 6: the power entries' open-loop bias cells (bias.py); 7: the corrections' fit reference (sysid.py)
+# 6: the power entries' open-loop bias cells (bias.py); 7: the corrections' fit reference (sysid.py);
+# 8: the held-out episodes' (conditions, command) pairs (policy_match.py)
 @dataclass
 class Calibration:
     config: CheckConfig
@@ -65,6 +69,7 @@ class Calibration:
     sysid: Reference | None = None  # the corrections' fit on the real blocks (sysid.py; None with attribution "grid")
     known_episodes: np.ndarray | None = None  # (m,) content hashes of every real episode the model or its
     # thresholds rest on (training log and --real extras): never new data for the monitor
+    real_policy: PolicyPairs | None = None  # what the held-out episodes' commands were chosen on (policy_match.py)
 
     def known_fingerprints(self) -> set[str] | None:
         """The content hashes of the episodes the model was trained or calibrated on; None for a
@@ -106,6 +111,8 @@ class Calibration:
             arrays.update(self.sysid.to_arrays())
         if self.known_episodes is not None:
             arrays["known_episodes"] = np.asarray(self.known_episodes, dtype="<U64")
+        if self.real_policy is not None:
+            arrays.update(self.real_policy.to_arrays())
         with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         meta = {
@@ -148,6 +155,7 @@ class Calibration:
             arrays.get("spread_scale"),
             Reference.from_arrays(arrays),
             arrays.get("known_episodes"),
+            PolicyPairs.from_arrays(arrays),
         )
 
 
@@ -300,6 +308,7 @@ def calibrate(
         spread,
         sysid_ref,
         np.array(sorted({episode_fingerprint(e) for e in train_eps + held}), dtype="<U64"),
+        policy_pairs(held, norm),
     )
     cal.save(run_dir)
     if model.cfg.image_keys:  # the visual gap's real-vs-real null (checks/visual.py)

@@ -33,6 +33,7 @@ from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvid
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
 from wmcheck.checks.model_log import read_log_for_model
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
+from wmcheck.checks.policy_match import PolicyShift, policy_pairs, policy_shift_test
 from wmcheck.checks.power import cached_power_table
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import BlockScores, latent_features
@@ -143,6 +144,7 @@ def run_check(
     visual_row = _visual(model, run_dir, inp.checked, alpha, clip_model, gate.tolerances.visual)
     gaps = {**gt.gaps, "visual": _visual_evidence(visual_row), "ending": ending}
     dist = _distribution(inp, comp, gate, alpha, rng)
+    policy_shift = _policy_shift(inp, alpha, seed)
     pol = None
     if policy is not None:
         pol = policy_section(
@@ -166,7 +168,14 @@ def run_check(
     power = cached_power_table(run_dir, cal, max(len(comp_idx), 1), alpha, cfg.power_target, cfg.seed)
     policy_passed = None if pol is None else bool(pol["gate"]["passed"])
     ev = CheckEvidence(
-        div, gaps, dist, corrected, policy_passed, _power_evidence(power, inp, gate), _model_quality(inp)
+        div,
+        gaps,
+        dist,
+        corrected,
+        policy_passed,
+        _power_evidence(power, inp, gate),
+        _model_quality(inp),
+        policy_shift,
     )
     dec = decide(ev, levels, gate.allow_unverifiable)
     report = _report(inp, sc, comp, ev, dec, levels, visual_row, power, pol, gate, alpha, seed)
@@ -340,6 +349,19 @@ def _distribution(inp: CheckInputs, comp: Competence, gate: Gate, alpha: float, 
         float(1 - comp.competent.mean()),
         gate.tolerances.distribution.min_coverage,
         alpha,
+    )
+
+
+def _policy_shift(inp: CheckInputs, alpha: float, seed: int) -> PolicyShift | None:
+    """Whether the checked commands follow the held-out real episodes' policy (policy_match.py), on
+    its own random stream (it does not move the other tests' draws); None without command channels
+    or for a calibration without the real pairs."""
+    if inp.norm.dim("action") == 0:
+        return None
+    if inp.cal.real_policy is None:
+        return PolicyShift(alpha=alpha, testable=False, reason="the calibration has no real (state, command) pairs")
+    return policy_shift_test(
+        policy_pairs(inp.episodes, inp.norm), inp.cal.real_policy, alpha, np.random.default_rng([seed, 4])
     )
 
 

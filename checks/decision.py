@@ -26,7 +26,7 @@ Run
   R1  fail when any of these holds (the `failing` reasons):
         episodes     an episode is divergent (E1),
         pooled       the pooled test rejects for some score,
-        <gap>        a gap row is present (G3), except residual gaps confounded by the shift (R4),
+        <gap>        a gap row is present (G3), except rows confounded by the shift (R4) or the policy (R4b),
         coverage     coverage is below the gate's binding `distribution.min_coverage`,
         policy_gate  the closed-loop policy gate is not met.
   R2  tolerances: a tolerated gap (G2) does not fail the run by itself, and the divergence
@@ -40,8 +40,13 @@ Run
   R4  residual gaps (sensor_noise, dynamics) present while the visited states differ (G5) are
       confounded with the shift (residual levels depend on the states): they make the run
       unverifiable, not failed.
-  R5  unverifiable when not failed and some episode is unverifiable (E2) or R4 applies; exit code 0
-      only when the gate allows unverifiable runs.
+  R4b correction gaps (latency, actuator) present while the checked commands follow another policy
+      than the real logs' (policy_match.py) are confounded with the policy: the corrections' score
+      tests compare with real blocks whose commands relate to the state in another way, and under
+      a closed-loop controller the model's own small errors move those scores as a gap does (the
+      closed-loop identification problem). They make the run unverifiable, not failed.
+  R5  unverifiable when not failed and some episode is unverifiable (E2) or R4 / R4b applies; exit
+      code 0 only when the gate allows unverifiable runs.
   R6  pass otherwise (exit 0), if R7 allows.
   R7  no pass without power: a pass claims every gap type, so when the power table (for a check of
       this many blocks) shows a required gap type undetectable at every tested size, or its
@@ -75,6 +80,8 @@ from wmcheck.checks.evidence import CheckEvidence, DivergenceEvidence, EpisodeEv
 
 RESIDUAL_GAPS = ("sensor_noise", "dynamics")
 """Gap tests that compare residual levels with the real blocks' (they depend on the visited states)."""
+CORRECTION_GAPS = ("latency", "actuator")
+"""Gap tests whose null is the real blocks' corrections' scores (they depend on the behaviour policy)."""
 EXIT_CODES = {"pass": 0, "fail": 1, "unverifiable": 1, "inconclusive": 3}
 """0 pass, 1 fail or unverifiable (0 with allow_unverifiable), 3 inconclusive; 2 is bad input (the CLI)."""
 
@@ -117,6 +124,7 @@ class Decision:
     consistency_verdict: str = "pass"  # the verdict without the policy gate
     missing_power: tuple[str, ...] = ()  # R7: the required gap types this check could not have seen
     model_not_competent: bool = False  # R9: the pass was withheld because the model is not competent
+    policy_confounded: tuple[str, ...] = ()  # R4b
 
     @property
     def tolerated_by_gate(self) -> bool:
@@ -164,7 +172,11 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     dist = ev.distribution
     gaps["distribution"] = "not_checked" if dist is None else ("present" if dist.shifted else "absent")
     shifted = dist is not None and dist.shifted
-    shift_confounded = tuple(g for g in RESIDUAL_GAPS if shifted and gaps[g] in ("present", "tolerated"))
+    policy_shifted = ev.policy_shift is not None and ev.policy_shift.shifted
+    fired = {g for g in ROW_GAPS if gaps[g] in ("present", "tolerated")}
+    shift_confounded = tuple(g for g in RESIDUAL_GAPS if shifted and g in fired)  # R4
+    policy_confounded = tuple(g for g in CORRECTION_GAPS if policy_shifted and g in fired)  # R4b
+    confounded_rows = shift_confounded + policy_confounded
 
     def reasons(tolerate: bool) -> tuple[str, ...]:
         tolerated = [g for g, v in gaps.items() if v == "tolerated"] if tolerate else []
@@ -172,7 +184,7 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
         out = _divergence_reasons(div, levels)
         for g in ROW_GAPS:
             red = gaps[g] == "present" or (not tolerate and gaps[g] == "tolerated")
-            if red and g not in shift_confounded:  # R4
+            if red and g not in confounded_rows:  # R4, R4b
                 out.append(g)
         if dist is not None and dist.below_min_coverage:
             out.append("coverage")
@@ -181,7 +193,7 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     failing, raw = reasons(True), reasons(False)
     if failing:
         consistency = "fail"
-    elif any(v == "unverifiable" for v in episodes.values()) or shift_confounded:
+    elif any(v == "unverifiable" for v in episodes.values()) or confounded_rows:
         consistency = "unverifiable"  # R5
     else:
         consistency = "pass"
@@ -212,6 +224,7 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
         consistency,
         missing if consistency == "inconclusive" else (),
         consistency == "inconclusive" and not_competent,
+        policy_confounded,
     )
 
 

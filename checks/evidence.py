@@ -16,6 +16,8 @@ strings. Every test a check runs leaves one of these:
                        report turns into an estimate and an explanation
   DistributionEvidence the two-sample test of the visited states and the coverage of the support
   PowerEvidence        which gap types a check of this size could have detected (a pass needs it)
+  PolicyShift          whether the checked commands follow the real logs' policy (policy_match.py;
+                       the corrections' score tests have a valid null only when they do)
   CheckEvidence        all of the above for one check, plus the policy gate's outcome
 The power table (power.power_table) builds the same dataclasses on injected real blocks, so
 the decision it replays is the check's own.
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from wmcheck.checks.config import ROW_GAPS
+from wmcheck.checks.policy_match import PolicyShift
 from wmcheck.training.quality import Competence
 
 
@@ -136,6 +139,7 @@ class CheckEvidence:
     policy_gate_passed: bool | None = None  # None: no policy was run
     power: PowerEvidence | None = None  # None: not evaluated (the power table's own replicates)
     model_quality: Competence | None = None  # the quality card's competence rule; None: no card (older run)
+    policy_shift: PolicyShift | None = None  # None: not tested (no commands, or the power table's replicates)
 
     def __post_init__(self) -> None:
         missing = [g for g in ROW_GAPS if g not in self.gaps]

@@ -14,6 +14,7 @@ import numpy as np
 from wmcheck.checks.config import COMPETENCE, DYNAMICS_GAPS, SCORES
 from wmcheck.checks.decision import Decision, Levels
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, EpisodeEvidence, GapEvidence
+from wmcheck.checks.policy_match import PolicyShift
 
 NEXT_STEPS = {
     "latency": "add the estimated action delay to the simulator's control loop (or model the measured loop timing) and re-check",
@@ -469,7 +470,7 @@ def ending_row(g: GapEvidence, verdict: str) -> dict:
     return _row(g, verdict, estimate, None, text)
 
 
-def distribution_row(d: DistributionEvidence, verdict: str) -> dict:
+def distribution_row(d: DistributionEvidence, verdict: str, policy: PolicyShift | None = None) -> dict:
     text = (
         f"{d.coverage:.0%} of checked steps lie inside the real data's support (latent distance within the 99% range of "
         f"held-out real steps); MMD two-sample test of the visited states, permuting whole episodes: p = {d.p_value:.3g}"
@@ -478,18 +479,39 @@ def distribution_row(d: DistributionEvidence, verdict: str) -> dict:
         text += f"; the gate requires at least {d.min_coverage:.0%} coverage" + (
             " (not met)" if d.below_min_coverage else ""
         )
+    if policy is not None:
+        text += "; " + policy_sentence(policy)
+    estimate = {
+        "mmd2": round(d.mmd2, 5),
+        "p_value": r4(d.p_value),
+        "coverage": round(d.coverage, 4),
+        "outside_competence_fraction": round(d.outside_competence_fraction, 4),
+    }
+    if policy is not None:
+        estimate["policy_shift"] = {k: (r4(v) if isinstance(v, float) else v) for k, v in policy.to_dict().items()}
     return {
         "verdict": verdict,
         "evidence": round(float(d.alpha / max(d.p_value, 1e-12)), 3),
-        "estimate": {
-            "mmd2": round(d.mmd2, 5),
-            "p_value": r4(d.p_value),
-            "coverage": round(d.coverage, 4),
-            "outside_competence_fraction": round(d.outside_competence_fraction, 4),
-        },
+        "estimate": estimate,
         "ci": None,
         "explanation": text,
     }
+
+
+def policy_sentence(p: PolicyShift) -> str:
+    """What the policy-shift test (policy_match.py) found, in words."""
+    if not p.testable:
+        return f"whether the checked commands follow the real logs' policy was not tested ({p.reason})"
+    if p.shifted:
+        return (
+            f"the checked commands follow another policy than the real logs' (given the same state, inputs and "
+            f"previous command they differ by {p.effect:.2f} command std; episode permutation test p = {p.p_value:.3g}): "
+            "latency and actuator findings are confounded with the policy (closed-loop identification)"
+        )
+    return (
+        f"the checked commands are consistent with the real logs' policy (given the same state, inputs and previous "
+        f"command: {p.effect:.2f} command std apart, p = {p.p_value:.3g})"
+    )
 
 
 def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, dict]:
@@ -506,7 +528,7 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
         e = ev.gaps[g]  # a test that could not run has no detail: its row says why
         rows[g] = build(e, dec.gaps[g]) if e.checked else _row(e, dec.gaps[g], None, None, e.reason)
     if ev.distribution is not None:
-        rows["distribution"] = distribution_row(ev.distribution, dec.gaps["distribution"])
+        rows["distribution"] = distribution_row(ev.distribution, dec.gaps["distribution"], ev.policy_shift)
     else:
         rows["distribution"] = {
             "verdict": "not_checked",
@@ -517,6 +539,12 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
         }
     for g in dec.confounded:
         rows[g]["confounded_with"] = [o for o in dec.confounded if o != g]
+    for g in dec.policy_confounded:  # R4b
+        rows[g]["confounded_with_policy"] = True
+        rows[g]["explanation"] += (
+            "; not failing: the checked commands follow another policy than the real logs', and under another "
+            "closed-loop policy the model's own errors move this test as a gap would"
+        )
     for g, row in rows.items():
         if row["verdict"] in ("present", "tolerated") and g in NEXT_STEPS:
             row["next_step"] = NEXT_STEPS[g]
@@ -591,6 +619,14 @@ def message(
                 + f"the residual tests find {', '.join(dec.shift_confounded)}, but the checked episodes visit states in "
                 f"other proportions than the real logs (distribution gap), and residuals differ between states anyway; "
                 f"this is not a pass: collect real logs in the states the simulator visits."
+            )
+        if dec.policy_confounded:
+            parts.append(
+                ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded) else "")
+                + f"the correction tests find {', '.join(dec.policy_confounded)}, but the checked commands follow another "
+                "policy than the real logs' (closed loop), and under another policy the model's own small errors "
+                "correlate with the commands as a delay or a gain would; this is not a pass: to judge latency and "
+                "actuator, also check the simulator under the logs' policy, or replaying the logged commands."
             )
     elif dec.verdict == "inconclusive":
         parts.append(inconclusive_sentence(dec, ev, power))

@@ -389,7 +389,7 @@ def render_html(report: dict) -> str:
     v = report["verdict"]
     rows = []
     for gap, g in report["gaps"].items():
-        status = "confounded" if g.get("confounded_with") else g["verdict"]
+        status = "confounded" if g.get("confounded_with") or g.get("confounded_with_policy") else g["verdict"]
         # Estimates are shown for gaps the evidence supports (the JSON keeps them all).
         shown = g["verdict"] in ("present", "tolerated") or gap == "distribution"
         rows.append(

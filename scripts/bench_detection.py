@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from wmcheck.checks.baselines import ARXBaseline, MLPBaseline, mmd_baseline
-from wmcheck.checks.calibration import calibrate
+from wmcheck.checks.calibration import CALIBRATION_VERSION, calibrate
 from wmcheck.checks.check import run_check
 from wmcheck.checks.config import CheckConfig
 from wmcheck.checks.reality import RealityProfile, reality_env_args
@@ -216,6 +216,8 @@ def run_one(job: CheckJob, spec: SystemSpec, run_dir: Path, log_path: Path, work
             "episodes": {k: s[k] for k in ("episodes", "consistent", "divergent", "unverifiable")},
             "blocks": s["blocks"],
             "competent_blocks": s["competent_blocks"],
+            # the policy-shift test (policy_match.py): should reject only under other policies than the logs'
+            "policy_shift_p": ((gaps["distribution"].get("estimate") or {}).get("policy_shift") or {}).get("p_value"),
             "estimates": {
                 g: gaps[g]["estimate"] for g in ("latency", "actuator", "sensor_noise") if gaps[g].get("estimate")
             },
@@ -594,7 +596,13 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
     log_path, run_dir = work / "real.h5", work / "run"
     reality = RealityProfile(**spec.reality, seed=0)
     t0 = time.perf_counter()
-    have_run = args.reuse and (run_dir / "calibration.json").exists() and log_path.exists()
+    have_run = args.reuse and (run_dir / "model.pt").exists() and log_path.exists()
+    cal_json = run_dir / "calibration.json"
+    have_cal = (
+        have_run
+        and cal_json.exists()
+        and json.loads(cal_json.read_text()).get("calibration_version") == (CALIBRATION_VERSION)
+    )  # a reused model is calibrated again when this wmcheck writes another calibration version
     if not have_run:
         for stale in (log_path, run_dir):
             if stale.is_dir():
@@ -635,7 +643,7 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
         train(log_path, run_dir, build_run_config(cfg))
     t_train = time.perf_counter() - t1
     t2 = time.perf_counter()
-    if not have_run:
+    if not have_cal:
         print(f"[{spec.name}] calibrating", flush=True)
         calibrate(run_dir, log_path, CHECK_CONFIG, verbose=False)
     t_cal = time.perf_counter() - t2

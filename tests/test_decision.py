@@ -23,6 +23,7 @@ from wmcheck.checks.evidence import (
     PooledEvidence,
     PowerEvidence,
 )
+from wmcheck.checks.policy_match import PolicyShift
 from wmcheck.datasets.errors import UserError
 from wmcheck.training.quality import Competence
 
@@ -55,6 +56,7 @@ def evidence(
     not_checked=(),
     power=None,
     competent=None,
+    policy_shifted=None,
 ) -> CheckEvidence:
     gaps = {}
     for g in ("latency", "actuator", "sensor_noise", "dynamics", "ending", "visual"):
@@ -74,7 +76,10 @@ def evidence(
         )
     dist = DistributionEvidence(0.001 if shifted else 0.5, coverage=coverage, min_coverage=min_coverage)
     quality = None if competent is None else Competence(competent, 48, 0.3 if competent else 0.9, 0.6)
-    return CheckEvidence(div, gaps, dist, corrected, policy, power, quality)
+    shift = None
+    if policy_shifted is not None:  # the policy-shift test (policy_match.py) rejecting or not
+        shift = PolicyShift(p_value=0.001 if policy_shifted else 0.6, effect=1.0, checked_episodes=8, real_episodes=12)
+    return CheckEvidence(div, gaps, dist, corrected, policy, power, quality, shift)
 
 
 ALL_POWER = ("latency", "actuator", "sensor_noise", "sensor_bias")
@@ -220,6 +225,46 @@ CASES = [
     (
         "R4 does not cover the searches: a latency gap on shifted states fails",
         dict(shifted=True, fire=("latency",)),
+        "fail",
+        1,
+        ("latency",),
+        "latency",
+    ),
+    (
+        "R4b a latency gap under another policy than the logs': unverifiable, not fail",
+        dict(policy_shifted=True, fire=("latency",)),
+        "unverifiable",
+        1,
+        (),
+        "latency",
+    ),
+    (
+        "R4b actuator and latency under another policy, the states shifted too: unverifiable",
+        dict(policy_shifted=True, shifted=True, fire=("latency", "actuator"), boot={"latency": np.full(50, 5.0)}),
+        "unverifiable",
+        1,
+        (),
+        "latency",
+    ),
+    (
+        "R4b applies to the correction gaps only: a residual gap under another policy fails",
+        dict(policy_shifted=True, fire=("dynamics",)),
+        "fail",
+        1,
+        ("dynamics",),
+        "dynamics",
+    ),
+    (
+        "R4b does not excuse divergence: a divergent episode under another policy fails",
+        dict(policy_shifted=True, divergent=1, fire=("latency",)),
+        "fail",
+        1,
+        ("episodes",),
+        "latency",
+    ),
+    (
+        "R4b needs the test to reject: a latency gap under the logs' policy fails",
+        dict(policy_shifted=False, fire=("latency",)),
         "fail",
         1,
         ("latency",),

@@ -1,0 +1,198 @@
+"""Whether the checked commands follow the real logs' behaviour policy: the condition under which
+the corrections' score tests (latency, actuator; sysid.py) have a valid null.
+
+Owns `PolicyPairs` (per step: what a policy could see and what it commanded), `policy_pairs`
+(episodes -> pairs), `policy_shift_test` (checked pairs against the held-out real pairs) and its
+result `PolicyShift`.
+
+Why it exists. The score tests compare how the model's objective would change under a delay or a
+gain on the checked data with how it changes on the held-out real blocks. The model is not exact:
+its small errors depend on the state. Under a closed-loop controller the commands are a function of
+the state, so they correlate with the model's errors in another way than under the logs' policy,
+and a faithful simulator moves the scores as much as a one-step latency does (docs/benchmarks.md:
+a PD controller on Pendulum failed the latency or actuator test in 3 of 3 faithful checks). This is
+the closed-loop identification problem of system identification. The real blocks are a null only
+for checked data whose commands relate to what the controller sees as the logs' commands do.
+
+What is tested. A policy maps what it sees to a command, and that map does not depend on the
+simulator it drives: a delay, a gain or noise in the simulator change the states it visits, not
+the command it would choose in a given state. So the test is a two-sample test of the commands'
+conditional law given the conditions, not of the states (that is the distribution row):
+  - conditions at step t: the observation o_t, the exogenous inputs acting during t and the
+    previous command u_{t-1} (a behaviour policy that holds a random command for K steps depends
+    on it, and through the dynamics o_t depends on u_{t-1} too: leaving it out would make the
+    conditional law of u_t depend on the simulator's dynamics);
+  - targets: every command channel u_t and its square (the level and the amplitude);
+  - each group's conditional means by ridge regression on the conditions and random Fourier
+    features of them (both standardised on the pooled real conditions);
+  - statistic: the mean over the pooled steps of the squared difference of the two groups'
+    conditional means, averaged over the targets (in units of the real targets' variance);
+  - null: whole episodes permuted between the groups (each episode keeps its pairs, so the policy
+    it followed travels with it). A group's fit is a sum of its episodes' sufficient statistics,
+    so a permutation costs one small solve. The permutation p-value is exact for this statistic.
+`effect` is the square root of the statistic: how far apart the two policies' commands are in a
+given situation, in standard deviations of the real commands.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from wmcheck.checks.stats import _random_subsets, median_bandwidth
+
+MAX_STEPS_PER_EPISODE = 200  # pairs kept per episode (evenly spaced): enough for the conditional means
+FEATURES = 64  # random Fourier features of the conditions (besides the linear terms)
+RIDGE = 1e-3  # ridge penalty per step, relative to the features' mean square
+PERMUTATIONS = 999
+
+
+@dataclass
+class PolicyPairs:
+    """What a policy could see at each step and what it commanded, normalised, with episode labels."""
+
+    conditions: np.ndarray  # (N, D + E + A) o_t, inputs during t, u_{t-1}
+    commands: np.ndarray  # (N, A) u_t
+    episode: np.ndarray  # (N,) episode id of each pair
+
+    def __len__(self) -> int:
+        return int(self.commands.shape[0])
+
+    def to_arrays(self, prefix: str = "policy_") -> dict[str, np.ndarray]:
+        return {
+            prefix + "conditions": self.conditions.astype(np.float32),
+            prefix + "commands": self.commands.astype(np.float32),
+            prefix + "episode": self.episode.astype(np.int64),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, prefix: str = "policy_") -> PolicyPairs | None:
+        if prefix + "commands" not in arrays:
+            return None
+        return cls(arrays[prefix + "conditions"], arrays[prefix + "commands"], arrays[prefix + "episode"])
+
+
+def policy_pairs(episodes, norm, max_steps: int = MAX_STEPS_PER_EPISODE) -> PolicyPairs | None:
+    """The (conditions, command) pairs of every episode's steps t >= 1 (t = 0 has no previous
+    command), at most `max_steps` per episode, evenly spaced; None without command channels."""
+    if norm.dim("action") == 0:
+        return None
+    conds, cmds, eps = [], [], []
+    for e in episodes:
+        n = e.num_steps
+        if n < 2:
+            continue
+        t = np.unique(np.linspace(1, n - 1, min(max_steps, n - 1)).round().astype(int))  # (k,)
+        obs = norm.norm_obs(e.observations[t].astype(np.float64))  # (k, D)
+        act = norm.norm_action(e.actions.astype(np.float64))  # (N, A)
+        inp = norm.norm_input(e.input_array()[t].astype(np.float64)) if norm.dim("input") else np.zeros((len(t), 0))
+        conds.append(np.concatenate([obs, inp, act[t - 1]], 1))
+        cmds.append(act[t])
+        eps.append(np.full(len(t), e.id))
+    if not cmds:
+        return None
+    return PolicyPairs(np.concatenate(conds), np.concatenate(cmds), np.concatenate(eps))
+
+
+@dataclass
+class PolicyShift:
+    """The policy-shift test's outcome. `shifted` is the only thing the decision reads."""
+
+    p_value: float = math.nan
+    statistic: float = math.nan  # mean squared conditional-mean difference (real target variances)
+    effect: float = math.nan  # sqrt(statistic): command std apart in a given situation
+    alpha: float = 0.05
+    checked_episodes: int = 0
+    real_episodes: int = 0
+    testable: bool = True  # False: too few episodes to reach alpha, or no pairs (reason says which)
+    reason: str = ""
+
+    @property
+    def shifted(self) -> bool:
+        """The checked commands follow another policy than the real logs' (the test rejects at alpha)."""
+        return self.testable and not math.isnan(self.p_value) and self.p_value < self.alpha
+
+    def to_dict(self) -> dict:
+        return {
+            "p_value": self.p_value,
+            "statistic": self.statistic,
+            "effect_std": self.effect,
+            "alpha": self.alpha,
+            "shifted": self.shifted,
+            "testable": self.testable,
+            "checked_episodes": self.checked_episodes,
+            "real_episodes": self.real_episodes,
+            "reason": self.reason,
+        }
+
+
+def _features(x: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(N, 1 + d + F): a constant, the standardised conditions and their random Fourier features."""
+    rff = np.sqrt(2.0) * np.cos(x @ W + b)  # unit mean square, like the standardised linear terms
+    return np.concatenate([np.ones((len(x), 1)), x, rff], 1)
+
+
+def policy_shift_test(
+    checked: PolicyPairs | None,
+    real: PolicyPairs | None,
+    alpha: float,
+    rng: np.random.Generator,
+    permutations: int = PERMUTATIONS,
+    features: int = FEATURES,
+) -> PolicyShift:
+    """Do the checked commands follow the real logs' policy? (module docstring)"""
+    if checked is None or real is None or not len(checked) or not len(real):
+        return PolicyShift(
+            alpha=alpha, testable=False, reason="no command channels, or no step with a previous command"
+        )
+    c_ids, r_ids = np.unique(checked.episode), np.unique(real.episode)
+    n_c, n_r = len(c_ids), len(r_ids)
+    out = PolicyShift(alpha=alpha, checked_episodes=n_c, real_episodes=n_r)
+    if math.comb(n_c + n_r, n_c) < 1.0 / alpha:  # no split of so few episodes can reach alpha
+        out.testable, out.reason = False, f"{n_c} checked and {n_r} real episodes are too few to reach p < {alpha:g}"
+        return out
+    mu, sd = real.conditions.mean(0), real.conditions.std(0)
+    sd = np.where(sd > 1e-9, sd, 1.0)
+    xr, xc = (real.conditions - mu) / sd, (checked.conditions - mu) / sd  # (Nr, d), (Nc, d)
+    yr_raw, yc_raw = (
+        np.concatenate([real.commands, real.commands**2], 1),
+        np.concatenate([checked.commands, checked.commands**2], 1),
+    )  # (N, 2A): level and amplitude
+    ym, ys = yr_raw.mean(0), yr_raw.std(0)
+    ys = np.where(ys > 1e-9, ys, 1.0)
+    y = (np.concatenate([yc_raw, yr_raw]) - ym) / ys  # (N, K) checked first
+    x = np.concatenate([xc, xr])  # (N, d)
+    bw = median_bandwidth(xr, rng)
+    W = rng.normal(size=(x.shape[1], features)) / bw  # (d, F)
+    b = rng.uniform(0, 2 * np.pi, size=features)
+    phi = _features(x, W, b)  # (N, P_)
+    owner = np.concatenate(  # (N,) unit of each pair: the checked episodes 0..n_c-1, then the real ones
+        [np.unique(checked.episode, return_inverse=True)[1], n_c + np.unique(real.episode, return_inverse=True)[1]]
+    )
+    U, P_ = n_c + n_r, phi.shape[1]
+    A = np.zeros((U, P_, P_))  # per episode: phi' phi
+    B = np.zeros((U, P_, y.shape[1]))  # per episode: phi' y
+    n = np.zeros(U)
+    for u in range(U):
+        rows = owner == u
+        A[u], B[u], n[u] = phi[rows].T @ phi[rows], phi[rows].T @ y[rows], rows.sum()
+    M = A.sum(0) / n.sum()  # (P_, P_) the pooled steps' second moment: where the means are compared
+    ridge = RIDGE * np.trace(M) / P_ * np.eye(P_)
+    in_c = np.zeros((permutations + 1, U))  # row 0: the observed split
+    in_c[0, :n_c] = 1.0
+    in_c[np.arange(1, permutations + 1)[:, None], _random_subsets(rng, permutations, U, n_c)] = 1.0
+    stats = np.empty(permutations + 1)
+    A_all, B_all = A.sum(0), B.sum(0)
+    for i in range(0, permutations + 1, 128):  # chunks bound the (chunk, P_, P_) memory
+        z = in_c[i : i + 128]
+        A_c, B_c, n_cs = np.einsum("pu,uij->pij", z, A), np.einsum("pu,uik->pik", z, B), z @ n
+        w_c = np.linalg.solve(A_c + n_cs[:, None, None] * ridge, B_c)  # (p, P_, K)
+        w_r = np.linalg.solve((A_all - A_c) + (n.sum() - n_cs)[:, None, None] * ridge, B_all - B_c)
+        d = w_c - w_r
+        stats[i : i + 128] = np.einsum("pik,ij,pjk->p", d, M, d) / y.shape[1]
+    out.statistic = float(stats[0])
+    out.effect = float(math.sqrt(max(stats[0], 0.0)))
+    out.p_value = float((1 + np.sum(stats[1:] >= stats[0])) / (permutations + 1))
+    return out

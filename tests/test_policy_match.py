@@ -1,0 +1,116 @@
+"""The policy-shift test (checks/policy_match.py): do the checked commands follow the real logs'
+behaviour policy, whatever the simulator does to the states?
+
+The plant here is a small damped oscillator driven by one command, simulated in numpy (the test is
+about the statistics, not a simulator). Each test fails when the method is wrong: a test that
+judged the visited states would reject the same policy on a plant that moves them; a test that
+ignores the conditions misses a feedback controller whose commands span the logs' range; one that
+answers "not shifted" from two episodes claims what it cannot know.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wmcheck.checks.policy_match import policy_pairs, policy_shift_test
+from wmcheck.datasets.episode import Episode
+from wmcheck.datasets.normalize import Normalizer
+
+
+def simulate(rng, policy: str, steps: int = 120, gain: float = 1.0, delay: int = 0, noise: float = 0.05) -> Episode:
+    """One episode of x'' = -x - 0.3 x' + gain * u(t - delay), observed as (x, x') with noise."""
+    x = rng.normal(0, 0.5, 2)
+    obs, acts, u_hist = [], [], [0.0] * (delay + 1)
+    u = rng.uniform(-1, 1)
+    for _ in range(steps):
+        o = x + rng.normal(0, noise, 2)
+        obs.append(o)
+        if policy == "hold":  # a random command held for 5 steps on average (the logs' exciting policy)
+            u = rng.uniform(-1, 1) if rng.random() < 0.2 else u
+        elif policy == "pd":  # feedback towards rest, saturated like the commands' range
+            u = float(np.clip(-2.0 * o[0] - 1.0 * o[1] + rng.normal(0, 0.1), -1, 1))
+        acts.append([u])
+        u_hist.append(u)
+        applied = u_hist[-1 - delay]
+        x = x + 0.1 * np.array([x[1], -x[0] - 0.3 * x[1] + gain * applied]) + rng.normal(0, 0.02, 2)
+    obs.append(x + rng.normal(0, noise, 2))
+    return Episode(np.asarray(obs, np.float32), np.asarray(acts, np.float32))
+
+
+def group(seed: int, n: int, policy: str, **plant) -> list[Episode]:
+    rng = np.random.default_rng(seed)
+    eps = [simulate(rng, policy, **plant) for _ in range(n)]
+    for i, e in enumerate(eps):
+        e.id = i
+    return eps
+
+
+@pytest.fixture(scope="module")
+def norm() -> Normalizer:
+    return Normalizer.fit(group(999, 12, "hold"))
+
+
+def rejection_rate(norm, reps: int, checked_policy: str, alpha: float = 0.1, **plant):
+    """Share of `reps` independent checks (8 checked vs 12 real episodes) whose test rejects at alpha."""
+    hits = 0
+    for r in range(reps):
+        real = policy_pairs(group(10_000 + r, 12, "hold"), norm)
+        checked = policy_pairs(group(20_000 + r, 8, checked_policy, **plant), norm)
+        res = policy_shift_test(checked, real, alpha, np.random.default_rng(r), permutations=199)
+        hits += res.shifted
+    return hits / reps
+
+
+def test_the_level_holds_when_only_the_simulator_differs(norm):
+    """The same held random policy on a plant with 1.5x the gain and a 1-step delay: the policy did
+    not change, so the test rejects at most at its level (60 checks, alpha 0.1: mean 6; the bound
+    is the binomial 99.5 % quantile): the states differ, the policy does not. (A much stronger shift of the visited states, gain x2 on this
+    lightly damped plant, inflates the rate to about 0.3: docs/check-design.md.)"""
+    rate = rejection_rate(norm, 60, "hold", gain=1.5, delay=1)
+    assert rate <= 13 / 60, rate
+
+
+def test_a_feedback_controller_is_another_policy(norm):
+    """A PD controller's commands span the logs' range, but given the state they are determined:
+    found in every check."""
+    assert rejection_rate(norm, 10, "pd") == 1.0
+
+
+def test_the_same_policy_on_the_same_plant_is_not_a_shift(norm):
+    assert rejection_rate(norm, 60, "hold") <= 13 / 60
+
+
+def test_effect_is_in_command_std_and_larger_for_feedback(norm):
+    real = policy_pairs(group(1, 12, "hold"), norm)
+    same = policy_shift_test(policy_pairs(group(2, 8, "hold"), norm), real, 0.05, np.random.default_rng(0))
+    pd = policy_shift_test(policy_pairs(group(3, 8, "pd"), norm), real, 0.05, np.random.default_rng(0))
+    assert pd.effect > 3 * same.effect and pd.p_value <= 0.002 and same.p_value > 0.05
+    assert set(pd.to_dict()) >= {"p_value", "effect_std", "shifted", "testable"}
+
+
+def test_too_few_episodes_cannot_reach_the_level(norm):
+    """2 checked and 2 real episodes have 6 splits: p >= 1/6 whatever the data, so the test says it
+    was not run instead of answering `not shifted`."""
+    res = policy_shift_test(
+        policy_pairs(group(4, 2, "pd"), norm), policy_pairs(group(5, 2, "hold"), norm), 0.05, np.random.default_rng(0)
+    )
+    assert not res.testable and not res.shifted and "too few" in res.reason
+
+
+def test_pairs_are_the_command_chosen_at_each_observation(norm):
+    """conditions = (o_t, inputs during t, u_{t-1}), command = u_t, for t >= 1 (normalised)."""
+    e = group(6, 1, "hold")[0]
+    pairs = policy_pairs([e], norm, max_steps=1000)
+    t = np.arange(1, e.num_steps)
+    np.testing.assert_allclose(pairs.commands, norm.norm_action(e.actions[t]), rtol=1e-5)
+    np.testing.assert_allclose(pairs.conditions[:, -1:], norm.norm_action(e.actions[t - 1]), rtol=1e-5)
+    np.testing.assert_allclose(pairs.conditions[:, :2], norm.norm_obs(e.observations[t]), rtol=1e-5)
+    assert (pairs.episode == e.id).all()
+    assert len(policy_pairs([e], norm, max_steps=50)) == 50
+
+
+def test_no_commands_no_test():
+    e = Episode(np.zeros((11, 2), np.float32), np.zeros((10, 0), np.float32))
+    assert policy_pairs([e], Normalizer.fit([e])) is None
+    assert not policy_shift_test(None, None, 0.05, np.random.default_rng(0)).testable
