@@ -591,6 +591,11 @@ def system_markdown(s: dict) -> str:
 # ---- driver ----------------------------------------------------------------------------------------
 
 
+def _episodes(path: Path) -> int:
+    with open_log(path) as log:
+        return len(log.episode_ids)
+
+
 def run_system(spec: SystemSpec, work: Path, args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log_path, run_dir = work / "real.h5", work / "run"
@@ -598,11 +603,15 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
     t0 = time.perf_counter()
     have_run = args.reuse and (run_dir / "model.pt").exists() and log_path.exists()
     cal_json = run_dir / "calibration.json"
-    have_cal = (
-        have_run
-        and cal_json.exists()
-        and json.loads(cal_json.read_text()).get("calibration_version") == (CALIBRATION_VERSION)
-    )  # a reused model is calibrated again when this wmcheck writes another calibration version
+    extra_path = work / "extra_real.h5"
+    extra = args.extra_real if not args.quick else 0
+
+    def calibrated_as_asked() -> bool:  # a reused model is calibrated again for another version or extra set
+        meta = json.loads(cal_json.read_text())
+        extras = sum(x["episodes"] for x in meta["info"].get("extra_real", []))
+        return meta.get("calibration_version") == CALIBRATION_VERSION and extras == extra
+
+    have_cal = have_run and cal_json.exists() and calibrated_as_asked()
     if not have_run:
         for stale in (log_path, run_dir):
             if stale.is_dir():
@@ -644,8 +653,11 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
     t_train = time.perf_counter() - t1
     t2 = time.perf_counter()
     if not have_cal:
-        print(f"[{spec.name}] calibrating", flush=True)
-        calibrate(run_dir, log_path, CHECK_CONFIG, verbose=False)
+        if extra and not (extra_path.exists() and _episodes(extra_path) == extra):
+            print(f"[{spec.name}] recording {extra} extra real episodes for calibration", flush=True)
+            record(spec.env_id, reality, spec.policy, extra, spec.max_steps, 500_000, extra_path, "real")
+        print(f"[{spec.name}] calibrating" + (f" (+{extra} extra real episodes)" if extra else ""), flush=True)
+        calibrate(run_dir, log_path, CHECK_CONFIG, verbose=False, extra_real=[extra_path] if extra else None)
     t_cal = time.perf_counter() - t2
     cal_info = json.loads((run_dir / "calibration.json").read_text())["info"]
     obs_std = Normalizer.from_dict(load_model(run_dir).normalizer).std["obs"].astype(float)
@@ -693,6 +705,7 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
             **(json.loads((run_dir / "training.json").read_text()) if (run_dir / "training.json").exists() else {}),
         },
         "reused_run": bool(have_run),
+        "extra_real_episodes": extra,  # recorded from the reality and added to the calibration (--extra-real)
         "checks": results,
         "summary": summarise(spec, results, alpha),
         "seconds": {"data": t_data, "train": t_train, "calibrate": t_cal, "checks": t_checks},
@@ -746,6 +759,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="tiny logs and model, one size per gap: a smoke test")
     p.add_argument("--reuse", action="store_true", help="keep OUT/work logs and calibrated runs (not retrained)")
+    p.add_argument(
+        "--extra-real",
+        type=int,
+        default=0,
+        help="record this many more real episodes (same reality, other seeds) and calibrate on them too "
+        "(`wmcheck calibrate --real`): how the false alarms depend on the size of the real null (default 0)",
+    )
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)
     if args.device is None:
