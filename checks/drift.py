@@ -5,7 +5,7 @@ episodes against the calibration's held-out real episodes, and the false-alarm b
 repeated looks. Pure numpy; `monitor.py` feeds it block scores and keeps the state.
 
 Features (one value per episode, from its blocks' scores; `EpisodeFeatures`):
-  divergence       mean log open-loop divergence (mean z^2)              one-sided: larger = drift
+  divergence       mean log open-loop divergence (share outside the 90 % band) one-sided: larger = drift
   nll              mean one-step predictive NLL                          one-sided
   bias:<ch>        mean signed open-loop error (truth - predicted mean)  two-sided, normalised units
   dispersion:<ch>  log variance of the standardised open-loop error      two-sided (noisier or smoother)

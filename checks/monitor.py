@@ -19,6 +19,8 @@ Owns the monitor's state folder and the order of a look; the statistics are drif
   4. the state is written after every look (a killed run loses at most the look in progress; a
      re-run scores only what is not in the state), then the report (monitor.json, monitor.html)
      and TensorBoard scalars with the look as the step.
+  5. one monitor at a time per folder (datasets/folder_lock.py): a second run on the same --out
+     stops with exit 2 instead of saving a state that drops the first run's looks.
 
 State: OUTDIR/monitor_state.json, the model's hash, the settings (fixed for the folder's life:
 the guarantee is about one plan), each look's episodes (hash, name, features) and result, and
@@ -43,6 +45,7 @@ from wmcheck.checks.drift import EpisodeFeatures, LookPlan, decide_look, episode
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.folder_lock import folder_lock
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.version import version
 from wmcheck.training.checkpoint import file_sha256
@@ -379,7 +382,15 @@ def _physical(ctx: Context, f: int, diff: float, ci) -> tuple[float, list[float]
         )
     if kind == "divergence":
         est, iv = math.exp(diff), [math.exp(lo), math.exp(hi)]
-        return est, iv, "x", f"open-loop divergence {est:.2f}x held-out real data's (95 % CI {iv[0]:.2f}-{iv[1]:.2f})"
+        return (
+            est,
+            iv,
+            "x",
+            (
+                f"open-loop divergence {est:.2f}x held-out real data's (the share of steps outside the model's 90 % "
+                f"interval; 95 % CI {iv[0]:.2f}-{iv[1]:.2f})"
+            ),
+        )
     if kind == "nll":
         return (
             diff,
@@ -451,7 +462,11 @@ def monitor(
     period = Period.parse(settings.period)
     plan = settings.plan()
     ctx = load_context(run_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out_dir, "wmcheck monitor"):  # two writers would each drop the other's looks
+        return _monitor_locked(ctx, run_dir, real_logs, out_dir, settings, period, plan, command, t0)
+
+
+def _monitor_locked(ctx, run_dir: Path, real_logs, out_dir: Path, settings, period, plan, command, t0) -> dict:
     state = State.load(out_dir)
     cal_hash = file_sha256(run_dir / "calibration.npz")
     if state is None:

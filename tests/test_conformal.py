@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from wmcheck.training.conformal import cross_fitted_coverage, fit_spread_scale, interval_covered
@@ -39,3 +41,35 @@ def test_cross_fitted_coverage_is_measured_on_episodes_the_scale_never_saw():
     shifted[groups >= 6] *= 2.0
     assert cross_fitted_coverage(shifted, groups).mean() < 0.8
     assert np.isnan(cross_fitted_coverage(r, np.zeros(600, int))).all()  # one episode: not measurable
+
+
+def _scores_with_z(z):
+    """BlockScores holding only standardised open-loop errors z (n, H, D) (what the divergence uses)."""
+    from wmcheck.checks.scoring import BlockScores
+
+    empty = BlockScores.from_arrays({}, "")
+    return replace(empty, z_steps=z.astype(np.float32))
+
+
+def test_divergence_is_the_share_outside_the_calibrated_interval_and_one_wrong_branch_does_not_dominate():
+    """The block divergence is (cells outside the 90 % interval + 0.5) / (cells + 1), after the
+    conformal scale. Real-like blocks score about 0.1; a block whose last steps went down another
+    branch (|z| of 30 there) scores at most its share of those steps, where the former mean z^2
+    made it 60x a real block's; a gap that moves every step still scores near 1."""
+    from wmcheck.checks.scoring import exceedance_share, with_spread_scale
+
+    rng = np.random.default_rng(0)
+    H, D = 48, 3
+    z = rng.normal(size=(200, H, D))
+    real = with_spread_scale(_scores_with_z(z), np.ones((H, D))).divergence
+    assert abs(real.mean() - 0.1) < 0.01 and real.min() > 0
+    branch = z[:1].copy()
+    branch[0, -8:] = 30.0  # the last 8 of 48 steps on the wrong branch
+    wrong = with_spread_scale(_scores_with_z(branch), np.ones((H, D))).divergence[0]
+    assert wrong < 0.1 + 8 / 48 + 0.02  # bounded by the share of the steps it went wrong on
+    assert (branch**2).mean() > 60 * (z**2).mean()  # what the mean z^2 made of it
+    gap = with_spread_scale(_scores_with_z(z[:1] + 5.0), np.ones((H, D))).divergence[0]
+    assert gap > 0.95
+    # the conformal scale enters: the same errors under a scale of 2 fall inside the interval
+    assert with_spread_scale(_scores_with_z(z[:50] * 2), 2 * np.ones((H, D))).divergence.mean() < 0.12
+    np.testing.assert_allclose(exceedance_share(np.array([0, 144]), 144), [0.5 / 145, 144.5 / 145])

@@ -139,3 +139,37 @@ def test_monitor_refuses_other_settings_and_timestamp_free_calendar_periods(new_
     state = json.loads((out / "monitor_state.json").read_text())
     assert len(state["looks"]) == 2 and len(state["pending"]) == 4  # 36 episodes: 2 looks of 16, 4 waiting
     assert np.isfinite(state["looks"][0]["windows"]["1"]["p_value"])
+
+
+def test_a_second_monitor_on_the_same_folder_stops_with_exit_2(new_logs, capsys):
+    """Another process holds the folder (a real flock, in a real second process): this run stops
+    before reading the state, names the holder, and leaves the folder as it was; once the holder
+    is killed the lock is gone with it and the monitor runs."""
+    import signal
+    import subprocess
+    import sys
+
+    run, logs, tmp = new_logs
+    out = tmp / "monitor_locked"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from wmcheck.datasets.folder_lock import folder_lock\n"
+            f"with folder_lock({str(out)!r}):\n    print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cmd = ["monitor", str(run), "--real", str(logs["faithful"]), "--out", str(out), "--period", "16"]
+        assert main(cmd + ["--no-tensorboard"]) == 2
+        err = capsys.readouterr().err
+        assert "in use by another wmcheck monitor" in err and str(holder.pid) in err
+        assert not (out / "monitor_state.json").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert main(cmd + ["--no-tensorboard"]) == 0
+    assert len(json.loads((out / "monitor_state.json").read_text())["looks"]) == 2

@@ -27,6 +27,8 @@ import numpy as np
 
 LEVEL = 0.9
 """The interval's nominal coverage."""
+Z_LEVEL = NormalDist().inv_cdf((1 + LEVEL) / 2)
+"""The standardised error at the interval's edge (1.645): |z_cal| > Z_LEVEL lies outside it."""
 
 
 def fit_spread_scale(r: np.ndarray, level: float = LEVEL, pool: int = 2) -> np.ndarray:
