@@ -3,20 +3,20 @@ sensor_noise and dynamics (attribution.py owns the statistics; this module appli
 
 Owns `run_gap_tests(ctx) -> GapTests`, in the order corrections are found (each on what the
 previous ones leave, since a delay looks partly like a weaker gain):
-  1. latency: the delay search over -max_delay..max_delay (one-step NLL) of the commands and the
-     exogenous inputs together (transforms.shift_drivers), the estimate by curve registration
-     against the real blocks' curve;
-  2. actuator: per command channel and kind (gain / offset / deadband) the search on the commands
-     with the latency found (when its test fires) corrected; only the candidates the model can
-     judge (commands inside the training range; attribution.allowed_corrections); Bonferroni
-     over the searches; the estimate is the significant correction that explains the most;
-  3. the corrections that fired are applied and the blocks re-scored: the residual tests
+  1. latency and actuator (`fit_corrections`, attribution "fit", the default): the corrections'
+     score tests at the identity, through the model (sysid.py); when latency fires, the delay's
+     fit and the actuator test on the scores where that fit leaves the data; when actuator fires,
+     the joint fit of the delay and every command parameter; a row is supported when its joint
+     Wald test excludes the identity. With attribution "grid" (`grid_corrections`, one release):
+     the former delay scan and per-channel gain / offset / deadband grid searches;
+  2. the supported corrections are applied and the blocks re-scored: the residual tests
      (sensor_noise, dynamics; attribution.residual_evidence), the too-smooth test (the lower
      tail of KL and one-step NLL; attribution.smoothness_evidence, half of sensor_noise's level)
      and the two-sided open-loop bias test (bias.py, overall and per operating regime, half of
      dynamics' level: the other half is the coloured-residual test) run on the corrected scores,
-     and so
-     do the divergence tests the decision uses for tolerated gaps (`GapTests.corrected_scores`).
+     and so do the divergence tests the decision uses for tolerated gaps (`GapTests.corrected_scores`).
+Whether the latency and actuator rows can fail a run under another behaviour policy is the
+decision's (rule R4b, with policy_match.py's test).
 Each test yields a `GapEvidence` with a typed detail (LatencyDetail, ActuatorDetail,
 ResidualDetail) that the report words; the gate's tolerances (config.Tolerances) set
 `within_tolerance`.

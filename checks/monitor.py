@@ -19,7 +19,7 @@ Owns the monitor's state folder and the order of a look; the statistics are drif
   4. the state is written after every look (a killed run loses at most the look in progress; a
      re-run scores only what is not in the state), then the report (monitor.json, monitor.html)
      and TensorBoard scalars with the look as the step.
-  5. one monitor at a time per folder (datasets/folder_lock.py): a second run on the same --out
+  5. one monitor at a time per folder (datasets/folder_lock.py, OUTDIR/.monitor.lock): a second run on the same --out
      stops with exit 2 instead of saving a state that drops the first run's looks.
 
 State: OUTDIR/monitor_state.json, the model's hash, the settings (fixed for the folder's life:
@@ -52,6 +52,7 @@ from wmcheck.training.checkpoint import file_sha256
 
 STATE_VERSION = 1
 STATE_FILE = "monitor_state.json"
+LOCK_FILE = ".monitor.lock"
 EXIT = {"stable": 0, "drifted": 1, "off-support": 1, "inconclusive": 3}
 _UNITS = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _EARLIEST = 365 * 86400.0  # a first timestamp before 1971 is a relative clock, not a date
@@ -462,7 +463,8 @@ def monitor(
     period = Period.parse(settings.period)
     plan = settings.plan()
     ctx = load_context(run_dir)
-    with folder_lock(out_dir, "wmcheck monitor"):  # two writers would each drop the other's looks
+    fix = "wait for it to finish, or monitor into another --out folder"
+    with folder_lock(out_dir, LOCK_FILE, "wmcheck monitor", fix):  # two writers would each drop the other's looks
         return _monitor_locked(ctx, run_dir, real_logs, out_dir, settings, period, plan, command, t0)
 
 

@@ -142,9 +142,9 @@ def test_monitor_refuses_other_settings_and_timestamp_free_calendar_periods(new_
 
 
 def test_a_second_monitor_on_the_same_folder_stops_with_exit_2(new_logs, capsys):
-    """Another process holds the folder (a real flock, in a real second process): this run stops
+    """Another process holds the folder (its lock file, in a real second process): this run stops
     before reading the state, names the holder, and leaves the folder as it was; once the holder
-    is killed the lock is gone with it and the monitor runs."""
+    is killed its lock is stale and the monitor takes it over and runs."""
     import signal
     import subprocess
     import sys
@@ -155,8 +155,10 @@ def test_a_second_monitor_on_the_same_folder_stops_with_exit_2(new_logs, capsys)
         [
             sys.executable,
             "-c",
-            "import sys, time; from wmcheck.datasets.folder_lock import folder_lock\n"
-            f"with folder_lock({str(out)!r}):\n    print('held', flush=True); time.sleep(600)",
+            "import sys, time; from wmcheck.checks.monitor import LOCK_FILE; "
+            "from wmcheck.datasets.folder_lock import folder_lock\n"
+            f"with folder_lock({str(out)!r}, LOCK_FILE, 'wmcheck monitor', ''):\n"
+            "    print('held', flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,
         text=True,

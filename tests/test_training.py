@@ -350,7 +350,7 @@ def test_a_run_folder_is_locked_while_training_and_a_stale_lock_is_taken_over(pe
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (out / ".train.lock").write_text(f"{sleeper.pid} {socket.gethostname()}")
-        with pytest.raises(UserError, match=f"being trained by another wmcheck process \\({sleeper.pid}"):
+        with pytest.raises(UserError, match=f"in use by another wmcheck train \\({sleeper.pid}"):
             train(pendulum_log, out, build_run_config(_tiny()))
         assert not (out / "config.json").exists()  # refused before anything was written
     finally:

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 
 from wmcheck.datasets.atomic import remove_stale_temporaries, write_text_atomic
 from wmcheck.datasets.errors import Interrupted, UserError
+from wmcheck.datasets.folder_lock import folder_lock
 from wmcheck.training.checkpoint import atomic_checkpoint_io, file_sha256, read_checkpoint, save_model
 from wmcheck.training.config import RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule
@@ -283,53 +283,14 @@ LOCK_FILE = ".train.lock"
 
 @contextlib.contextmanager
 def run_lock(out: Path):
-    """Exclusive use of RUNDIR by one `train` (its PID and host in RUNDIR/.train.lock, removed on
-    exit). A lock whose process is gone (a kill) is stale and taken over. The other processes of a
-    multi-device run (Lightning re-launches the script with LOCAL_RANK set) share their rank 0's."""
+    """Exclusive use of RUNDIR by one `train` (datasets/folder_lock.py: its PID and host in
+    RUNDIR/.train.lock, a stale lock taken over). The other processes of a multi-device run
+    (Lightning re-launches the script with LOCAL_RANK set) share their rank 0's."""
     if int(os.environ.get("LOCAL_RANK", "0") or 0) or int(os.environ.get("NODE_RANK", "0") or 0):
         yield
         return
-    out.mkdir(parents=True, exist_ok=True)
-    lock = out / LOCK_FILE
-    me = f"{os.getpid()} {socket.gethostname()}"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = lock.read_text().strip() if lock.exists() else ""
-            if _alive(holder):
-                raise UserError(
-                    f"{out} is being trained by another wmcheck process ({holder or 'unknown'})",
-                    "wait for it to finish, or train into another --out folder",
-                ) from None
-            lock.unlink(missing_ok=True)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me)
-        break
-    else:
-        raise UserError(f"cannot take the lock {lock}", f"remove {lock} if no wmcheck train uses {out}")
-    try:
+    with folder_lock(out, LOCK_FILE, "wmcheck train", "wait for it to finish, or train into another --out folder"):
         yield
-    finally:
-        if lock.exists() and lock.read_text().strip() == me:
-            lock.unlink()
-
-
-def _alive(holder: str) -> bool:
-    """Whether the 'PID host' of a lock file is a running process (on another host: assume so)."""
-    parts = holder.split()
-    if len(parts) != 2 or not parts[0].isdigit():
-        return False
-    if parts[1] != socket.gethostname():
-        return True
-    try:
-        os.kill(int(parts[0]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_device_options(t: TrainConfig) -> None:
