@@ -86,13 +86,6 @@ EXIT_CODES = {"pass": 0, "fail": 1, "unverifiable": 1, "inconclusive": 3}
 """0 pass, 1 fail or unverifiable (0 with allow_unverifiable), 3 inconclusive; 2 is bad input (the CLI)."""
 
 
-def combined_exit_code(codes) -> int:
-    """The exit code of several checks run as one job: a failure (1) wins over inconclusive (3),
-    which wins over pass (0)."""
-    codes = [int(c) for c in codes]
-    return 1 if 1 in codes else (3 if 3 in codes else 0)
-
-
 @dataclass(frozen=True)
 class Levels:
     """The significance level of every test in one check (see the module docstring)."""

@@ -23,8 +23,9 @@ def register(sub) -> None:
             "held-out real periods and a yaw/pitch rule policy run in that simulator, and write "
             "report.html / report.json / TensorBoard for each. --synthetic: the same on a MuJoCo system "
             "whose 'reality' has known gaps, so the findings can be compared with the truth. Exit code "
-            "0 when every check passes, 1 when a check fails or is unverifiable (a found gap is a valid "
-            "result), 2 on bad input. Takes a few minutes on a 2-core CPU."
+            "0 when the demo ran, whatever the checks found (a found gap is its result; each check's own "
+            "verdict and exit code are in its report.json and in the last line), 2 on bad input. Takes a "
+            "few minutes on a 2-core CPU."
         ),
     )
     p.add_argument("--out", type=Path, default=Path("wmcheck-demo"), help="output folder (default ./wmcheck-demo)")

@@ -49,7 +49,7 @@ def run_synthetic_demo(out: Path, max_steps: int, preset: str, episodes: int, pr
     from wmcheck.checks.calibration import calibrate
     from wmcheck.checks.reality import RealityProfile, reality_env_args
     from wmcheck.datasets.record import record_to_log
-    from wmcheck.scripts.demo_wind import check_and_write, print_findings, stage
+    from wmcheck.scripts.demo_wind import check_and_write, finished_line, print_findings, stage
     from wmcheck.training.config import TrainConfig
     from wmcheck.training.run import build_run_config, train
 
@@ -74,7 +74,7 @@ def run_synthetic_demo(out: Path, max_steps: int, preset: str, episodes: int, pr
     )
     result = train(real_log, out / "run", build_run_config(cfg))
     calibrate(result.run_dir, real_log)
-    rows, codes = [], []
+    rows, checked = [], []
     for i, (folder, what, overrides, truth) in enumerate(SCENARIO):
         stage(3 + i, total, f"checking the {what}")
         prof = RealityProfile.from_dict({**REALITY, **overrides, "name": folder, "seed": 100 + i})
@@ -87,13 +87,12 @@ def run_synthetic_demo(out: Path, max_steps: int, preset: str, episodes: int, pr
         )
         print_findings(what, report, out / f"report-{folder}", limit=2)
         rows.append((what, truth, report["verdict"], report["summary"]["top_gap"], _estimate(report)))
-        codes.append(int(report["exit_code"]))
+        checked.append((what, report))
     stage(total, total, f"done in {time.perf_counter() - t0:.0f} s")
     width = max(len(r[0]) for r in rows)
     print(f"\n{'checked simulator':<{width}}  {'injected truth':<20} {'verdict':<13} {'top gap':<13} estimate")
     for what, truth, verdict, top, est in rows:
         print(f"{what:<{width}}  {truth:<20} {verdict:<13} {top:<13} {est}")
     print(f"\n  TensorBoard: tensorboard --logdir {out}")
-    from wmcheck.checks.decision import combined_exit_code
-
-    return combined_exit_code(codes)
+    print(finished_line(checked))
+    return 0  # the demo ran; what it finds is its result

@@ -43,6 +43,17 @@ def print_findings(title: str, report: dict, out: Path, limit: int = 4) -> None:
     print(f"   report: {out / 'report.html'}   json: {out / 'report.json'}")
 
 
+def finished_line(checked: list[tuple[str, dict]]) -> str:
+    """The demo's last line: what each check found. The demo's own exit code says that it ran (0);
+    each check's verdict and exit code, the ones `wmcheck check` would return, are in its report."""
+    found = "; ".join(
+        f"{what}: {r['verdict'].upper()}"
+        + (f" (top gap {r['summary']['top_gap']})" if r["summary"]["top_gap"] != "none" else "")
+        for what, r in checked
+    )
+    return f"demo finished: {found}. Each check's exit code is in its report.json (wmcheck check returns it)."
+
+
 def run_wind_demo(out: Path, max_steps: int, preset: str, progress: bool = True) -> int:
     from wmcheck.checks.calibration import calibrate
     from wmcheck.datasets.embedded import embedded_data_path, embedded_mapping_path
@@ -104,6 +115,5 @@ def run_wind_demo(out: Path, max_steps: int, preset: str, progress: bool = True)
     print(f"\n  real log:    {log}\n  model:       {result.model_path}")
     print(f"  TensorBoard: tensorboard --logdir {out}   (training run, both checks)")
     print("  open the reports in a browser, e.g. xdg-open " + str(out / "report-simulator" / "report.html"))
-    from wmcheck.checks.decision import combined_exit_code
-
-    return combined_exit_code([sim_report["exit_code"], pol_report["exit_code"]])
+    print(finished_line([("power-curve simulator", sim_report), ("yaw/pitch policy", pol_report)]))
+    return 0  # the demo ran; a gap it finds is its result, not a failure of the demo

@@ -334,12 +334,6 @@ def test_gap_and_episode_rows():
     assert episode_verdict(edge, LEVELS) == "divergent"
 
 
-def test_combined_exit_code_failure_wins_over_inconclusive():
-    from wmcheck.checks.decision import combined_exit_code
-
-    assert combined_exit_code([0, 3, 1]) == 1 and combined_exit_code([3, 0]) == 3 and combined_exit_code([0, 0]) == 0
-
-
 def test_levels_split_alpha_over_scores_episodes_and_gaps():
     lv = Levels.for_check(0.05, 5)
     assert lv.episode == pytest.approx(0.025 / (2 * 3 * 5))
