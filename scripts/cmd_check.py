@@ -56,7 +56,12 @@ def register(sub) -> None:
         metavar="S",
         help="model rollouts per simulator episode in the policy check (default 8)",
     )
-    p.add_argument("--max-steps", type=int, default=None, help="step limit per recorded episode")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="step limit per recorded episode (default: the env's own time limit)",
+    )
     p.add_argument("--env-kwargs", default=None, help="JSON keyword arguments for --env")
     p.add_argument(
         "--render", metavar="WxH", help="with --env: also record camera frames (for models trained on frames)"
@@ -70,8 +75,8 @@ def register(sub) -> None:
     p.add_argument(
         "--allow-unverifiable", action="store_true", help="exit 0 when the only problem is unverifiable episodes"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-tensorboard", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of the latent draws and resampling (default 0)")
+    p.add_argument("--no-tensorboard", action="store_true", help="skip the TensorBoard run of the check")
     p.add_argument(
         "--clip-model",
         type=Path,

@@ -81,12 +81,14 @@ def register(subparsers) -> None:
         "--resample",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="interpolate every column onto the dt grid (irregular loggers) instead of snapping rows",
+        help="interpolate every column onto the dt grid (irregular loggers) instead of snapping rows "
+        "(default: the mapping's, else no)",
     )
     p.add_argument(
         "--step-values",
         choices=STEP_VALUES,
-        help="actions/inputs of step t from row t (start, sampled commands) or row t+1 (end, interval averages)",
+        help="actions/inputs of step t from row t (start, sampled commands) or row t+1 (end, interval averages) "
+        "(default: the mapping's, else start)",
     )
     p.add_argument("--timezone", help="IANA zone for timestamps without a UTC offset (default UTC)")
     p.add_argument("--delimiter", help="CSV delimiter (default: detected)")

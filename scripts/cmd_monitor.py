@@ -44,7 +44,12 @@ def register(sub) -> None:
         help="the first B periods, once tested, join the held-out real episodes as the reference (default 4; 0: "
         "calibration only)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the latent draws and resampling (default 0; one of the folder's settings)",
+    )
     p.add_argument("--no-tensorboard", action="store_true", help="skip the TensorBoard scalars")
     p.set_defaults(func=run)
 

@@ -33,7 +33,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("env", metavar="ENV", help="gymnasium id or module:Class")
     p.add_argument("--out", required=True, metavar="LOG.h5", help="the log file to write")
-    p.add_argument("--episodes", type=int, default=10, metavar="N", help="number of episodes")
+    p.add_argument("--episodes", type=int, default=10, metavar="N", help="number of episodes (default 10)")
     p.add_argument(
         "--max-steps", type=int, metavar="M", help="cut episodes after M steps (default: the env's time limit)"
     )

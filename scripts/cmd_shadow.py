@@ -39,7 +39,7 @@ def register(sub) -> None:
         help="compare the sum of this observation channel instead of rewards (e.g. P_avg for energy; -NAME to "
         "minimise it); default: the log's rewards through the model's reward head",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the latent draws (default 0)")
     p.set_defaults(func=run)
 
 

@@ -71,3 +71,32 @@ def test_a_misspelt_gate_key_exits_2_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "max_step" in err and "max_steps" in err, err  # the key and the accepted ones
     assert not (tmp_path / "o" / "report.json").exists()
+
+
+def test_every_option_has_help_that_states_its_default():
+    """Issue 17: every option of every command has help text, and an option whose default is a value
+    (not None / off) says it in its help ("default" or the value itself), so the help never hides
+    what a run will use."""
+    import argparse
+
+    from wmcheck.scripts.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing, silent = [], []
+    for name, p in sub.choices.items():
+        for a in p._actions:
+            if isinstance(a, argparse._HelpAction) or not a.option_strings:
+                continue
+            flag = f"{name} {a.option_strings[-1]}"
+            text = (a.help or "").strip()
+            if not text or text == argparse.SUPPRESS:
+                missing.append(flag)
+                continue
+            d = a.default
+            if d in (None, False, [], argparse.SUPPRESS) or a.required or isinstance(a, argparse._StoreTrueAction):
+                continue
+            if "default" not in text.lower() and str(d) not in text and "%(default)" not in text:
+                silent.append(f"{flag} (default {d!r})")
+    assert not missing, f"options without help: {missing}"
+    assert not silent, f"options whose help does not state the default: {silent}"
