@@ -359,6 +359,24 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _estimate_text(gap: str, row: dict) -> str:
+    """A gap row's estimate as the table shows it: the distribution row in words, the others as
+    their key figures (the JSON keeps everything)."""
+    est = row.get("estimate")
+    if gap != "distribution" or not isinstance(est, dict) or "coverage" not in est:
+        return _fmt(est)
+    text = (
+        f"{est['coverage']:.0%} of checked steps inside the real support; visited states "
+        f"{'differ' if row['verdict'] == 'present' else 'alike'} (MMD p {_fmt(est.get('p_value'))})"
+    )
+    ps = est.get("policy_shift")
+    if ps and ps.get("testable"):
+        text += (
+            f"; commands: {'another policy than the logs' if ps['shifted'] else 'the logs'}' (p {_fmt(ps['p_value'])})"
+        )
+    return text
+
+
 def _quality_html(q: dict | None) -> str:
     """The model's own quality on held-out real episodes (training/quality.py), next to ARX."""
     if not q:
@@ -397,7 +415,7 @@ def render_html(report: dict) -> str:
         rows.append(
             f"<tr><td><b>{e(gap)}</b></td><td><span class='dot' style='background:{COLORS.get(status, '#aaa')}'>"
             f"</span>{e(status)}</td>"
-            f"<td>{_fmt(g.get('evidence'))}</td><td>{e(_fmt(g.get('estimate')) if shown else '–')}</td>"
+            f"<td>{_fmt(g.get('evidence'))}</td><td>{e(_estimate_text(gap, g) if shown else '–')}</td>"
             f"<td>{e(_fmt(g.get('ci')) if shown else '–')}</td>"
             f"<td>{e(g.get('explanation', ''))}</td>"
             f"<td>{e(NEXT_STEPS.get(gap, '')) if g['verdict'] in ('present', 'tolerated') else ''}</td></tr>"

@@ -241,6 +241,11 @@ def test_report_files_schema_html_and_gate(pendulum, latency_report, tmp_path):
     assert 'id="verdict"' in dom and "FAIL" in dom
     assert 'id="gap-table"' in dom and dom.count("<tr>") >= 7 and "latency" in dom
     assert '<img src="data:image/png;base64,' in dom  # figures embedded, no network
+    # the distribution row's estimate is a sentence (coverage, states, the policy-shift test), not a dict
+    shift = data["gaps"]["distribution"]["estimate"]["policy_shift"]
+    said = "commands: another policy than the logs'" if shift["shifted"] else "commands: the logs'"
+    assert "of checked steps inside the real support" in dom and said in dom and shift["testable"] is True
+    assert "outside_competence_fraction" not in dom and "policy_shift" not in dom
     # A gate that tolerates a 2-step latency turns the same finding into a pass (amber row).
     gate_file = tmp_path / "gate.yaml"
     gate_file.write_text("tolerances:\n  latency: {max_steps: 3}\n")
