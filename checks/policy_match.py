@@ -185,9 +185,10 @@ def policy_shift_test(
     in_c[np.arange(1, permutations + 1)[:, None], _random_subsets(rng, permutations, U, n_c)] = 1.0
     stats = np.empty(permutations + 1)
     A_all, B_all = A.sum(0), B.sum(0)
+    A_flat, B_flat = A.reshape(U, -1), B.reshape(U, -1)  # group sums as matrix products (BLAS)
     for i in range(0, permutations + 1, 128):  # chunks bound the (chunk, P_, P_) memory
         z = in_c[i : i + 128]
-        A_c, B_c, n_cs = np.einsum("pu,uij->pij", z, A), np.einsum("pu,uik->pik", z, B), z @ n
+        A_c, B_c, n_cs = (z @ A_flat).reshape(-1, P_, P_), (z @ B_flat).reshape(-1, P_, y.shape[1]), z @ n
         w_c = np.linalg.solve(A_c + n_cs[:, None, None] * ridge, B_c)  # (p, P_, K)
         w_r = np.linalg.solve((A_all - A_c) + (n.sum() - n_cs)[:, None, None] * ridge, B_all - B_c)
         d = w_c - w_r
