@@ -354,12 +354,10 @@ def _distribution(inp: CheckInputs, comp: Competence, gate: Gate, alpha: float, 
 
 def _policy_shift(inp: CheckInputs, alpha: float, seed: int) -> PolicyShift | None:
     """Whether the checked commands follow the held-out real episodes' policy (policy_match.py), on
-    its own random stream (it does not move the other tests' draws); None without command channels
-    or for a calibration without the real pairs."""
+    its own random stream (it does not move the other tests' draws); None without command channels.
+    Every calibration this wmcheck reads (version 8 on) stores the real pairs of a model with commands."""
     if inp.norm.dim("action") == 0:
         return None
-    if inp.cal.real_policy is None:
-        return PolicyShift(alpha=alpha, testable=False, reason="the calibration has no real (state, command) pairs")
     return policy_shift_test(
         policy_pairs(inp.episodes, inp.norm), inp.cal.real_policy, alpha, np.random.default_rng([seed, 4])
     )

@@ -154,7 +154,8 @@ def policy_shift_test(
         return PolicyShift(
             alpha=alpha, testable=False, reason="no command channels, or no step with a previous command"
         )
-    c_ids, r_ids = np.unique(checked.episode), np.unique(real.episode)
+    c_ids, c_owner = np.unique(checked.episode, return_inverse=True)
+    r_ids, r_owner = np.unique(real.episode, return_inverse=True)
     n_c, n_r = len(c_ids), len(r_ids)
     out = PolicyShift(alpha=alpha, checked_episodes=n_c, real_episodes=n_r)
     if math.comb(n_c + n_r, n_c) < 1.0 / alpha:  # no split of so few episodes can reach alpha
@@ -175,9 +176,7 @@ def policy_shift_test(
     W = rng.normal(size=(x.shape[1], features)) / bw  # (d, F)
     b = rng.uniform(0, 2 * np.pi, size=features)
     phi = _features(x, W, b)  # (N, P_)
-    owner = np.concatenate(  # (N,) unit of each pair: the checked episodes 0..n_c-1, then the real ones
-        [np.unique(checked.episode, return_inverse=True)[1], n_c + np.unique(real.episode, return_inverse=True)[1]]
-    )
+    owner = np.concatenate([c_owner, n_c + r_owner])  # (N,) unit of each pair: checked episodes first
     U, P_ = n_c + n_r, phi.shape[1]
     A = np.zeros((U, P_, P_))  # per episode: phi' phi
     B = np.zeros((U, P_, y.shape[1]))  # per episode: phi' y

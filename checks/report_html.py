@@ -352,9 +352,7 @@ def _fmt(v) -> str:
         return ", ".join(
             f"{k}: {_fmt(x)}"
             for k, x in v.items()
-            if k
-            not in ("per_channel", "per_horizon_ratio", "photometric", "per_episode_distance_ratio", "policy_shift")
-            and x != {}
+            if k not in ("per_channel", "per_horizon_ratio", "photometric", "per_episode_distance_ratio") and x != {}
         )
     return str(v)
 

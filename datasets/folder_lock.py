@@ -1,6 +1,6 @@
 """One writer per output folder: a lock file naming its holder, taken over when the holder is gone.
 
-Owns `folder_lock(folder, name, doing, fix)`. A folder that a run keeps writing into must not have
+Owns `folder_lock(folder, name, writer, fix)`. A folder that a run keeps writing into must not have
 two writers: two `wmcheck train` in one RUNDIR would interleave checkpoints; two `wmcheck monitor`
 in one folder would each read the same state, add their own looks and save, and the later save
 would drop the other's. The lock is `FOLDER/<name>`, created exclusively, holding "PID host". A
