@@ -11,9 +11,11 @@ from wmcheck.scripts.config_args import add_options, config_kwargs
 
 STOPS = {
     "max_steps": "the --max-steps cap",
-    "early_stopping": "early stopping: no better validation loss in --patience validations",
+    "early_stopping": "early stopping: no better validation metric (--stop-on) in --patience validations",
     "time_budget": "the --max-minutes budget",
 }
+
+MONITORED = {"val/openloop_nrmse": "held-out open-loop NRMSE", "val/loss/total": "validation loss"}
 
 TRAIN_OPTIONS = [
     "preset",
@@ -26,6 +28,7 @@ TRAIN_OPTIONS = [
     "warmup",
     "val_every",
     "patience",
+    "stop_on",
     "max_minutes",
     "ckpt_every",
     "accelerator",
@@ -92,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
     if not result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
         return 0
     print(f"trained {result.steps} steps ({STOPS[result.stop_reason]}); model: {result.model_path}", end="")
-    print(f" (weights of step {result.best_step}, the best validation loss)" if result.best_step is not None else "")
+    print(
+        f" (weights of step {result.best_step}, the best {MONITORED[result.monitor]})"
+        if result.best_step is not None
+        else ""
+    )
     if result.quality is not None:
         print("\n".join(result.quality.lines(check_horizon=check_cfg.horizon)))
     else:

@@ -44,8 +44,9 @@ def trained(pendulum_log, tmp_path_factory):
 
 
 def test_exported_model_is_the_best_checkpoint(trained):
-    """model.pt holds the weights of the validation with the lowest val/loss/total, and
-    training.json says which step that was and why training ended."""
+    """model.pt holds the weights of the validation with the lowest monitored metric (by default
+    the held-out open-loop NRMSE), and training.json says which metric, which step and why
+    training ended."""
     import json
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -53,7 +54,9 @@ def test_exported_model_is_the_best_checkpoint(trained):
     result, cfg = trained
     ea = EventAccumulator(str(result.run_dir / "tb"))
     ea.Reload()
-    val = {e.step: e.value for e in ea.Scalars("val/loss/total")}
+    summary = json.loads((result.run_dir / "training.json").read_text())
+    assert summary["monitor"] == "val/openloop_nrmse"
+    val = {e.step: e.value for e in ea.Scalars(summary["monitor"])}
     assert len(val) == 2  # a validation every 200 of 400 steps
     best = torch.load(result.run_dir / "checkpoints" / "best.ckpt", weights_only=True)
     # Lightning logs a validation at global_step - 1; the checkpoint after it holds global_step
@@ -61,7 +64,7 @@ def test_exported_model_is_the_best_checkpoint(trained):
     exported = torch.load(result.model_path, weights_only=True)["state_dict"]
     for k, v in best["state_dict"].items():
         assert torch.equal(exported[k.removeprefix("model.")], v), k
-    summary = json.loads((result.run_dir / "training.json").read_text())
+    assert summary["best_score"] == pytest.approx(min(val.values()), rel=1e-6)
     assert summary["stop_reason"] == "max_steps" and summary["steps"] == 400
     assert summary["exported_step"] == best["global_step"] == result.best_step
 
@@ -98,10 +101,13 @@ def pendulum_log_path(result):
     return json.loads((result.run_dir / "data.json").read_text())["log"]
 
 
-def test_early_stopping_ends_a_run_that_does_not_improve(pendulum_log, tmp_path):
+@pytest.mark.parametrize("stop_on,metric", [("openloop", "val/openloop_nrmse"), ("loss", "val/loss/total")])
+def test_early_stopping_ends_a_run_that_does_not_improve(stop_on, metric, pendulum_log, tmp_path):
     """With a learning rate too small to change the weights, no validation after the first is an
-    improvement: training stops after `patience` more validations, and that is a finished run."""
+    improvement of either metric (both use the same draws at every validation): training stops
+    after `patience` more validations, and that is a finished run."""
     cfg = TrainConfig(
+        stop_on=stop_on,
         preset="debug",
         max_steps=1000,
         batch_size=4,
@@ -115,6 +121,15 @@ def test_early_stopping_ends_a_run_that_does_not_improve(pendulum_log, tmp_path)
     result = train(pendulum_log, tmp_path / "run", build_run_config(cfg))
     assert result.stop_reason == "early_stopping"
     assert result.steps == 30 and result.best_step == 10
+    assert result.monitor == metric
+
+
+def test_the_openloop_metric_falls_back_to_the_loss_without_windows():
+    from wmcheck.training.run import monitored_metric
+
+    assert monitored_metric(TrainConfig(), True) == "val/openloop_nrmse"
+    assert monitored_metric(TrainConfig(), False) == "val/loss/total"
+    assert monitored_metric(TrainConfig(stop_on="loss"), True) == "val/loss/total"
 
 
 def test_loss_falls(trained):
@@ -317,6 +332,7 @@ def test_a_diverging_run_stops_with_a_clear_error(pendulum_log, tmp_path):
         (["--alpha", "2"], "alpha must be in (0, 1)"),
         (["--horizon", "1"], "horizon >= 2"),
         (["--lr", "nan"], "lr must be a finite number > 0"),
+        (["--stop-on", "bogus"], "stop_on must be one of openloop, loss"),
     ],
 )
 def test_bad_training_options_are_refused_before_anything_is_written(option, words, pendulum_log, tmp_path, capsys):

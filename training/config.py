@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from wmcheck.worldmodel.config import WorldModelConfig
 
+STOP_METRICS = {"openloop": "val/openloop_nrmse", "loss": "val/loss/total"}
+"""TrainConfig.stop_on -> the logged validation metric it monitors (lower is better)."""
+
 
 @dataclass
 class TrainConfig:
@@ -39,8 +42,13 @@ class TrainConfig:
     val_every: int = 250
     """Optimiser steps between validation + open-loop evaluations (and early-stopping decisions)."""
     patience: int = 4
-    """Early stopping: stop after this many validations without a new best `val/loss/total`
-    (0 = never stop early). The best checkpoint, not the last, becomes RUNDIR/model.pt."""
+    """Early stopping: stop after this many validations without a new best value of the `stop_on`
+    metric (0 = never stop early). The best checkpoint, not the last, becomes RUNDIR/model.pt."""
+    stop_on: str = "openloop"
+    """The metric of early stopping and of the best checkpoint: "openloop" = `val/openloop_nrmse`, the
+    mean NRMSE over every imagined step of the held-out open-loop windows (what the check and the
+    quality card judge a model by); "loss" = `val/loss/total`, the training objective on held-out
+    windows. "openloop" falls back to "loss" when no held-out episode is long enough for a window."""
     max_minutes: float = 0.0
     """Wall-clock budget for training in minutes (0 = none); the best checkpoint so far is kept."""
     val_batches: int = 4
@@ -79,6 +87,8 @@ class TrainConfig:
             raise ValueError(f"patience and max_minutes must be >= 0, got {self.patience}, {self.max_minutes}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.stop_on not in STOP_METRICS:
+            raise ValueError(f"stop_on must be one of {', '.join(STOP_METRICS)}, got {self.stop_on!r}")
         if self.openloop_context < 1:
             raise ValueError("openloop_context must be >= 1")
 

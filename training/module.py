@@ -82,13 +82,22 @@ class WorldModelModule(L.LightningModule):
         self.log_dict(logs, on_step=False, on_epoch=True, batch_size=batch.obs.shape[0], sync_dist=True)
 
     def on_validation_epoch_end(self):
-        if self._openloop_seq is None or not self.trainer.is_global_zero or self.trainer.sanity_checking:
+        if self._openloop_seq is None or self.trainer.sanity_checking:
             return
         t = self.run_config.train
         from wmcheck.training.datamodule import batch_to
 
         seq = batch_to(self._openloop_seq, self.device)
-        res = evaluate_openloop(self.model, seq, t.openloop_context, t.openloop_horizons)
+        # Every rank evaluates the same windows with the same draws (common random numbers, as the
+        # loss above): the early-stopping metric then moves only with the weights and exists on
+        # every rank, which EarlyStopping and ModelCheckpoint need under DDP.
+        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(t.seed * 1000 + 999)
+            res = evaluate_openloop(self.model, seq, t.openloop_context, t.openloop_horizons)
+        self.log("val/openloop_nrmse", float(np.nanmean(res.step_nrmse)), on_epoch=True, sync_dist=True, batch_size=1)
+        if not self.trainer.is_global_zero:
+            return
         names = self.channels.get("observation_names") or [f"obs_{i}" for i in range(res.nrmse.shape[1])]
         logs = {}
         for i, h in enumerate(res.horizons):

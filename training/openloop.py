@@ -6,6 +6,8 @@ Owns the protocol used by TensorBoard `openloop/*` and by scripts/bench_worldmod
   NRMSE(h, channel) = RMSE at the h-th imagined step / the channel's training std
                       (= RMSE in normalised units: one scale for the model and the baselines)
   fit%(h, channel)  = 100 * (1 - ||y_h - yhat_h|| / ||y_h - mean(y_h)||)   (system-ID "fit")
+  step NRMSE(h)     = NRMSE at imagined step h averaged over channels; its mean over h = 1..H is
+                      `val/openloop_nrmse`, the default early-stopping metric
   coverage(channel) = fraction of true values inside the model's central 90% predictive interval
 """
 
@@ -23,6 +25,7 @@ class OpenLoopResult:
     nrmse: np.ndarray  # (H_eval, D) NaN where the window is shorter than the horizon
     fit: np.ndarray  # (H_eval, D)
     coverage: np.ndarray  # (D,) nominal 0.9
+    step_nrmse: np.ndarray  # (H,) NRMSE at every imagined step 1..H, mean over channels
     mean: np.ndarray  # (B, H, D) predicted mean (normalised units)
     lower: np.ndarray  # (B, H, D) 5% quantile
     upper: np.ndarray  # (B, H, D) 95% quantile
@@ -60,8 +63,9 @@ def evaluate_openloop(model, seq, context: int, horizons, samples: int = 16) -> 
     lower, upper = np.quantile(draws, 0.05, axis=0), np.quantile(draws, 0.95, axis=0)
     nrmse, fit = horizon_metrics(mean, truth_h, horizons)
     coverage = ((truth_h >= lower) & (truth_h <= upper)).mean((0, 1))
+    step_nrmse = np.sqrt(((mean - truth_h) ** 2).mean(0)).mean(-1)  # (H,)
     return OpenLoopResult(
-        tuple(horizons), nrmse, fit, coverage, mean, lower, upper, seq.obs.float().cpu().numpy(), context
+        tuple(horizons), nrmse, fit, coverage, step_nrmse, mean, lower, upper, seq.obs.float().cpu().numpy(), context
     )
 
 

@@ -3,7 +3,7 @@
 Owns the run directory layout:
   RUNDIR/config.json              the resolved RunConfig (world model + training)
   RUNDIR/checkpoints/last.ckpt    Lightning's resumable state (written atomically every ckpt_every steps)
-  RUNDIR/checkpoints/best.ckpt    the state with the lowest val/loss/total so far (exported as model.pt)
+  RUNDIR/checkpoints/best.ckpt    the state with the lowest monitored validation metric so far (exported as model.pt)
   RUNDIR/training.json            how training ended: steps, best step, stop reason
   RUNDIR/quality.json             the model-quality card (training/quality.py), also in TensorBoard
   RUNDIR/tb/                      the TensorBoard run (tensorboard --logdir RUNDIR)
@@ -11,7 +11,7 @@ Owns the run directory layout:
 A run killed at any point resumes from last.ckpt when `train` is called again with the same RUNDIR.
 
 Training ends at the first of: `max_steps` (a cap), early stopping (`patience` validations without a
-new best validation loss), the wall-clock budget `max_minutes`. Any of these is a finished run; a
+new best value of the `stop_on` metric, by default the held-out open-loop NRMSE), the wall-clock budget `max_minutes`. Any of these is a finished run; a
 run that stops otherwise (a signal, a crash) is not, and the next call resumes it. With a
 validation split the exported model is the best checkpoint's, not the last step's.
 """
@@ -33,7 +33,7 @@ from wmcheck.datasets.atomic import remove_stale_temporaries, write_text_atomic
 from wmcheck.datasets.errors import Interrupted, UserError
 from wmcheck.datasets.folder_lock import folder_lock
 from wmcheck.training.checkpoint import atomic_checkpoint_io, file_sha256, read_checkpoint, save_model
-from wmcheck.training.config import RunConfig, TrainConfig
+from wmcheck.training.config import STOP_METRICS, RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule
 from wmcheck.training.module import NonFiniteLoss, WorldModelModule
 from wmcheck.training.quality import QualityCard, compute_card, log_card, write_card
@@ -50,6 +50,7 @@ class TrainResult:
     stop_reason: str = "max_steps"  # max_steps / early_stopping / time_budget
     quality: QualityCard | None = None  # None without held-out episodes
     global_zero: bool = True  # False in the other processes of a multi-device run (they print and calibrate nothing)
+    monitor: str = STOP_METRICS["loss"]  # the validation metric that chose best_step (TrainConfig.stop_on)
 
 
 def resolve_precision(train: TrainConfig) -> str:
@@ -146,12 +147,13 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     )
     callbacks = [checkpoint]
     best_ckpt = early = None
+    monitor = monitored_metric(t, module._openloop_seq is not None)
     if dm.has_validation:
-        # best.ckpt is written at a validation that improves val/loss/total; model.pt takes its weights
+        # best.ckpt is written at a validation that improves the monitored metric; model.pt takes its weights
         best_ckpt = ModelCheckpoint(
             dirpath=ckpt_dir,
             filename="best",
-            monitor=MONITOR,
+            monitor=monitor,
             mode="min",
             save_top_k=1,
             auto_insert_metric_name=False,
@@ -159,7 +161,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
         )
         callbacks.append(best_ckpt)
         if t.patience:
-            early = EarlyStopping(monitor=MONITOR, mode="min", patience=t.patience, min_delta=0.0)
+            early = EarlyStopping(monitor=monitor, mode="min", patience=t.patience, min_delta=0.0)
             callbacks.append(early)
     for noisy in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda", "lightning.fabric"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -236,11 +238,18 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     model_path = out / "model.pt"
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
     result = TrainResult(
-        out, model_path, trainer.global_step, metrics, best_step, reason, global_zero=trainer.is_global_zero
+        out,
+        model_path,
+        trainer.global_step,
+        metrics,
+        best_step,
+        reason,
+        global_zero=trainer.is_global_zero,
+        monitor=monitor,
     )
     if trainer.is_global_zero:
         save_model(model_path, module.model, run_config.to_dict(), dm.normalizer.to_dict(), dm.channels, data_hash)
-        summary = training_summary(result, best_ckpt)
+        summary = training_summary(result, best_ckpt, monitor)
         write_text_atomic(out / "training.json", json.dumps(summary, indent=2))
         module.model.cpu()
         result.quality = compute_card(module.model, dm, t.openloop_context, max(t.openloop_horizons), seed=t.seed)
@@ -334,8 +343,12 @@ def interrupted(trainer, last: Path, exc: BaseException) -> Interrupted:
     )
 
 
-MONITOR = "val/loss/total"
-"""The validation metric of early stopping and of the best checkpoint."""
+def monitored_metric(t: TrainConfig, has_openloop_windows: bool) -> str:
+    """The validation metric of early stopping and of the best checkpoint (TrainConfig.stop_on):
+    the open-loop NRMSE needs held-out windows longer than the context, else the loss stands in."""
+    if t.stop_on == "openloop" and not has_openloop_windows:
+        return STOP_METRICS["loss"]
+    return STOP_METRICS[t.stop_on]
 
 
 def stop_reason(trainer, t: TrainConfig, early) -> str | None:
@@ -367,12 +380,12 @@ def restore_best(module: WorldModelModule, best_ckpt) -> int | None:
     return int(state.get("global_step", 0))
 
 
-def training_summary(result: TrainResult, best_ckpt) -> dict:
+def training_summary(result: TrainResult, best_ckpt, monitor: str) -> dict:
     score = getattr(best_ckpt, "best_model_score", None) if best_ckpt is not None else None
     return {
         "steps": result.steps,
         "stop_reason": result.stop_reason,
         "exported_step": result.best_step if result.best_step is not None else result.steps,
-        "best_val_loss": float(score) if score is not None else None,
-        "monitor": MONITOR,
+        "monitor": monitor,
+        "best_score": float(score) if score is not None else None,
     }
