@@ -415,6 +415,7 @@ def _report(
             "pooled_test": rb.pooled_description(ev),
             "failing": list(dec.failing),
             "missing_power": list(dec.missing_power),
+            "divergence_confounded": list(dec.divergence_confounded),
             "alpha": alpha,
             "tolerated_by_gate": dec.tolerated_by_gate,
             "message": rb.message(dec, ev, rows, power, levels, pol),

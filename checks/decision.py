@@ -45,8 +45,15 @@ Run
       tests compare with real blocks whose commands relate to the state in another way, and under
       a closed-loop controller the model's own small errors move those scores as a gap does (the
       closed-loop identification problem). They make the run unverifiable, not failed.
-  R5  unverifiable when not failed and some episode is unverifiable (E2) or R4 / R4b applies; exit
-      code 0 only when the gate allows unverifiable runs.
+  R4c divergence (an E1 episode, the pooled test) while the checked commands follow another policy
+      AND the visited states differ (G5) is confounded with the shift: the real blocks that set
+      the divergence thresholds were recorded under the logs' policy, in other states, and the
+      model's open-loop error depends on both (under a feedback controller near an unstable point
+      it grows whatever the simulator). It makes the run unverifiable, not failed. Either
+      condition alone does not excuse divergence: under the logs' policy a state shift is what a
+      gap does; under another policy on the same states the thresholds still apply.
+  R5  unverifiable when not failed and some episode is unverifiable (E2) or R4 / R4b / R4c applies;
+      exit code 0 only when the gate allows unverifiable runs.
   R6  pass otherwise (exit 0), if R7 allows.
   R7  no pass without power: a pass claims every gap type, so when the power table (for a check of
       this many blocks) shows a required gap type undetectable at every tested size, or its
@@ -62,9 +69,11 @@ Run
       error from its own: a run that would pass is `inconclusive` (`Decision.model_not_competent`).
       A fail stands: its thresholds come from real episodes scored by the same model.
 Top gap
-  T1  among the dynamics-family gaps that fire (present or tolerated), the one the bootstrap
-      separates (largest evidence in >= 90 % of replicates; attribution.separate_top), else none
-      with the confounded ones listed;
+  T1  among the dynamics-family gaps that fire (present or tolerated) and are not confounded with
+      the policy (R4b: under another policy their evidence says nothing about the simulator; on
+      the detection benchmark they named actuator for a faithful simulator and for a gravity gap
+      under a PD controller), the one the bootstrap separates (largest evidence in >= 90 % of
+      replicates; attribution.separate_top), else none with the confounded ones listed;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -118,6 +127,7 @@ class Decision:
     missing_power: tuple[str, ...] = ()  # R7: the required gap types this check could not have seen
     model_not_competent: bool = False  # R9: the pass was withheld because the model is not competent
     policy_confounded: tuple[str, ...] = ()  # R4b
+    divergence_confounded: tuple[str, ...] = ()  # R4c: the divergence reasons (episodes, pooled) excused
 
     @property
     def tolerated_by_gate(self) -> bool:
@@ -170,11 +180,15 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     shift_confounded = tuple(g for g in RESIDUAL_GAPS if shifted and g in fired)  # R4
     policy_confounded = tuple(g for g in CORRECTION_GAPS if policy_shifted and g in fired)  # R4b
     confounded_rows = shift_confounded + policy_confounded
+    divergence_excused = policy_shifted and shifted  # R4c
 
-    def reasons(tolerate: bool) -> tuple[str, ...]:
+    def divergence(tolerate: bool) -> list[str]:
         tolerated = [g for g, v in gaps.items() if v == "tolerated"] if tolerate else []
         div = ev.corrected if (tolerated and ev.corrected is not None) else ev.divergence  # R2
-        out = _divergence_reasons(div, levels)
+        return _divergence_reasons(div, levels)
+
+    def reasons(tolerate: bool) -> tuple[str, ...]:
+        out = [] if divergence_excused else divergence(tolerate)
         for g in ROW_GAPS:
             red = gaps[g] == "present" or (not tolerate and gaps[g] == "tolerated")
             if red and g not in confounded_rows:  # R4, R4b
@@ -184,9 +198,10 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
         return tuple(out)
 
     failing, raw = reasons(True), reasons(False)
+    divergence_confounded = tuple(divergence(True)) if divergence_excused else ()
     if failing:
         consistency = "fail"
-    elif any(v == "unverifiable" for v in episodes.values()) or confounded_rows:
+    elif any(v == "unverifiable" for v in episodes.values()) or confounded_rows or divergence_confounded:
         consistency = "unverifiable"  # R5
     else:
         consistency = "pass"
@@ -203,7 +218,7 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     if ev.policy_gate_passed is False:
         failing, raw, verdict = failing + ("policy_gate",), raw + ("policy_gate",), "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and allow_unverifiable) else EXIT_CODES[verdict]
-    top, confounded = top_gap(ev, gaps, pooled_rejects(ev.divergence, levels))
+    top, confounded = top_gap(ev, gaps, pooled_rejects(ev.divergence, levels), policy_confounded)
     return Decision(
         verdict,
         exit_code,
@@ -218,14 +233,17 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
         missing if consistency == "inconclusive" else (),
         consistency == "inconclusive" and not_competent,
         policy_confounded,
+        divergence_confounded,
     )
 
 
-def top_gap(ev: CheckEvidence, gaps: dict[str, str], pooled_reject: bool) -> tuple[str, list[str]]:
+def top_gap(
+    ev: CheckEvidence, gaps: dict[str, str], pooled_reject: bool, policy_confounded: tuple[str, ...] = ()
+) -> tuple[str, list[str]]:
     """T1-T3: the gap the evidence names, or 'none' and the gaps it cannot separate."""
     from wmcheck.checks.attribution import separate_top
 
-    firing = [g for g in DYNAMICS_GAPS if gaps[g] in ("present", "tolerated")]
+    firing = [g for g in DYNAMICS_GAPS if gaps[g] in ("present", "tolerated") and g not in policy_confounded]
     top, confounded = separate_top({g: ev.gaps[g].boot for g in firing}, firing)
     if top == "none" and not confounded:
         if gaps["visual"] in ("present", "tolerated"):

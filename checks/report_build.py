@@ -620,9 +620,22 @@ def message(
                 f"other proportions than the real logs (distribution gap), and residuals differ between states anyway; "
                 f"this is not a pass: collect real logs in the states the simulator visits."
             )
-        if dec.policy_confounded:
+        if dec.divergence_confounded:
+            found = " and ".join(
+                {"episodes": f"{n_div} of {n_ep} episode(s) diverge", "pooled": "the pooled divergence test rejects"}[r]
+                for r in dec.divergence_confounded
+            )
             parts.append(
                 ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded) else "")
+                + f"{found}, but the checked commands follow another policy than the real logs' and the episodes "
+                "visit other states: the divergence thresholds come from real episodes of the logs' policy, and "
+                "the model's open-loop error depends on the policy and the states as well as on the simulator; "
+                "this is not a pass: to judge the simulator's dynamics, also check it under the logs' policy, or "
+                "replaying the logged commands."
+            )
+        if dec.policy_confounded:
+            parts.append(
+                ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded or dec.divergence_confounded) else "")
                 + f"the correction tests find {', '.join(dec.policy_confounded)}, but the checked commands follow another "
                 "policy than the real logs' (closed loop), and under another policy the model's own small errors "
                 "correlate with the commands as a delay or a gain would; this is not a pass: to judge latency and "

@@ -5,12 +5,13 @@ For each system (Pendulum-v1 in the cpu config; HalfCheetah-v5 and Pusher-v5 too
      force every step), latency, an actuator gain and a physical parameter; real logs are recorded
      from it under an exciting behaviour policy (random commands held K steps), a world model is
      trained on them and calibrated on its held-out episodes;
-  2. the checked simulators come in four families (scripts/bench_families.py): deterministic
+  2. the checked simulators come in five families (scripts/bench_families.py): deterministic
      simulators (noise-free, as engineering simulators are: the reality's twin, with biased physics,
      missing latency, the nominal env), perturbations of reality (one gap made larger, graded sizes),
      faithful controls under other conditions (the logs' policy, other excitation, a closed-loop
-     controller, few and many episodes), and simulators whose episodes end early; each row has its
-     ground truth (the gap types it truly has);
+     controller, few and many episodes), the largest dynamics and actuator gaps checked under the
+     other policies only, and simulators whose episodes end early; each row has its ground truth
+     (the gap types it truly has);
   3. on the same checked logs three baselines run against the held-out real episodes with
      episode-level tests: a linear ARX one-step residual detector (two-sided), a block MMD
      two-sample test on visited states, and a one-step MLP ensemble's residual rank test.
@@ -335,6 +336,7 @@ def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
         },
         "deterministic": [],
         "cells": [],
+        "other_policy": [],
         "endings": [],
     }
     det = [r for r in results if r["family"] == "deterministic"]
@@ -363,6 +365,17 @@ def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
                 "power_gap": (abs(_mean(pred) - _rate(rows)["rate"]) if pred else None),
             }
             summary["cells"].append(cell)
+    for r in (r for r in results if r["family"] == "other_policy"):
+        summary["other_policy"].append(
+            {
+                "row": r["condition"],
+                "verdict": r["verdict"],
+                "flagged": r["flagged"],
+                "failing": r.get("failing", []),
+                "top_gap": r["top_gap"],
+                **{b: r["baselines"][b]["flagged"] for b in BASELINES},
+            }
+        )
     ends = [r for r in results if r["family"] == "ending"]
     for cond in dict.fromkeys(r["condition"] for r in ends):
         rows = [r for r in ends if r["condition"] == cond]
@@ -572,6 +585,23 @@ def system_markdown(s: dict) -> str:
             f"{_f(c['attribution']['rate'])} | {_f(c['sensor_noise_row']['rate'])} | {_base_cols(c)} | "
             f"{_f(c['estimate_mean_abs_error'])} | {_f(c['power_predicted'])} |"
         )
+    if summ.get("other_policy"):
+        lines += [
+            "",
+            "**Gaps checked under another policy only** (the largest sizes; `unverifiable` is a flag, not a "
+            "named gap):",
+            "",
+            "| gap, policy | verdict | top gap | failing | "
+            + " | ".join(f"{b.upper()} flags" for b in BASELINES)
+            + " |",
+            "|---|---|---|---|" + "---|" * len(BASELINES),
+        ]
+        for o in summ["other_policy"]:
+            lines.append(
+                f"| {o['row']} | {o['verdict']} | {o['top_gap']} | {', '.join(o['failing']) or '-'} | "
+                + " | ".join("yes" if o[b] else "no" for b in BASELINES)
+                + " |"
+            )
     if summ["endings"]:
         lines += [
             "",
@@ -596,10 +626,24 @@ def _episodes(path: Path) -> int:
         return len(log.episode_ids)
 
 
-def run_system(spec: SystemSpec, work: Path, args) -> dict:
+REPLICATE_SEED = 1_000_000
+"""Seed offset between replicates: real logs, model and checked rollouts of replicate r are drawn with
+seeds shifted by r * REPLICATE_SEED (replicate 0 is the benchmark as it always ran)."""
+
+
+def _replicate_job(job: CheckJob, r: int) -> CheckJob:
+    if r == 0:
+        return job
+    profile = {**job.profile, "seed": int(job.profile["seed"]) + r * REPLICATE_SEED}
+    return dataclasses.replace(job, profile=profile, seed=job.seed + r * REPLICATE_SEED)
+
+
+def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
+    """One system, one replicate: record the real logs, train, calibrate, run every check."""
     work.mkdir(parents=True, exist_ok=True)
     log_path, run_dir = work / "real.h5", work / "run"
-    reality = RealityProfile(**spec.reality, seed=0)
+    shift = replicate * REPLICATE_SEED
+    reality = RealityProfile(**spec.reality, seed=replicate)
     t0 = time.perf_counter()
     have_run = args.reuse and (run_dir / "model.pt").exists() and log_path.exists()
     cal_json = run_dir / "calibration.json"
@@ -622,12 +666,12 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
             f"[{spec.name}] recording {spec.episodes} real episodes from {spec.env_id} with {reality.describe()}",
             flush=True,
         )
-        record(spec.env_id, reality, spec.policy, spec.episodes, spec.max_steps, 0, log_path, "real")
+        record(spec.env_id, reality, spec.policy, spec.episodes, spec.max_steps, shift, log_path, "real")
     t_data = time.perf_counter() - t0
     device = dict(progress_bar=False, accelerator="cpu" if args.device == "cpu" else "auto")
     if getattr(args, "train", "fixed") == "defaults" and not args.quick:
         # `wmcheck train` without a flag: early stopping, best checkpoint (the split is the spec's)
-        cfg = TrainConfig(val_fraction=spec.val_fraction, seed=0, **device)
+        cfg = TrainConfig(val_fraction=spec.val_fraction, seed=replicate, **device)
     else:
         cfg = TrainConfig(
             preset=spec.preset,
@@ -637,7 +681,7 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
             lr=spec.lr,
             warmup=spec.warmup,
             val_fraction=spec.val_fraction,
-            seed=0,
+            seed=replicate,
             val_every=spec.steps,
             ckpt_every=spec.steps,
             **device,
@@ -655,14 +699,14 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
     if not have_cal:
         if extra and not (extra_path.exists() and _episodes(extra_path) == extra):
             print(f"[{spec.name}] recording {extra} extra real episodes for calibration", flush=True)
-            record(spec.env_id, reality, spec.policy, extra, spec.max_steps, 500_000, extra_path, "real")
+            record(spec.env_id, reality, spec.policy, extra, spec.max_steps, 500_000 + shift, extra_path, "real")
         print(f"[{spec.name}] calibrating" + (f" (+{extra} extra real episodes)" if extra else ""), flush=True)
         calibrate(run_dir, log_path, CHECK_CONFIG, verbose=False, extra_real=[extra_path] if extra else None)
     t_cal = time.perf_counter() - t2
     cal_info = json.loads((run_dir / "calibration.json").read_text())["info"]
     obs_std = Normalizer.from_dict(load_model(run_dir).normalizer).std["obs"].astype(float)
 
-    jobs = jobs_for(spec, reality, obs_std)
+    jobs = [_replicate_job(j, replicate) for j in jobs_for(spec, reality, obs_std)]
     print(f"[{spec.name}] {len(jobs)} checks ({args.workers} worker(s))", flush=True)
     t3 = time.perf_counter()
     results = []
@@ -692,8 +736,11 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
     order = {j.name: i for i, j in enumerate(jobs)}
     results.sort(key=lambda r: order[r["name"]])
     alpha = CHECK_CONFIG.alpha
+    for r in results:
+        r["replicate"] = replicate
     return {
         "system": spec.name,
+        "replicate": replicate,
         "spec": dataclasses.asdict(spec),
         "reality": reality.describe(),
         "reality_profile": reality.to_dict(),
@@ -710,6 +757,55 @@ def run_system(spec: SystemSpec, work: Path, args) -> dict:
         "summary": summarise(spec, results, alpha),
         "seconds": {"data": t_data, "train": t_train, "calibrate": t_cal, "checks": t_checks},
     }
+
+
+def pool_replicates(spec: SystemSpec, reps: list[dict]) -> dict:
+    """Replicates of one system as one result: every check pooled into the summary (each check keeps
+    its replicate), and per replicate its training and its false alarms. The false-alarm rate of
+    one replicate rests on one calibration, so its checks are not independent trials; across
+    replicates the real logs, the model and its calibration are drawn again."""
+    if len(reps) == 1:
+        return reps[0]
+    checks = [c for r in reps for c in r["checks"]]
+    out = dict(reps[0], checks=checks, summary=summarise(spec, checks, CHECK_CONFIG.alpha))
+    out["replicates"] = [
+        {
+            "replicate": r["replicate"],
+            "training": r["training"],
+            "calibration_blocks": r["calibration_blocks"],
+            "false_alarms": {
+                k: r["summary"]["false_alarms"][k] for k in ("wmcheck", "wmcheck_fail_only", "wmcheck_inconclusive")
+            },
+            "by_condition": {c: v["wmcheck"] for c, v in r["summary"]["false_alarms"]["by_condition"].items()},
+            "targets_missed": [t["target"] for t in r["summary"]["targets"] if not t["met"]],
+        }
+        for r in reps
+    ]
+    out["seconds"] = {k: sum(r["seconds"][k] for r in reps) for k in reps[0]["seconds"]}
+    return out
+
+
+def replicates_markdown(s: dict) -> str:
+    if "replicates" not in s:
+        return ""
+    lines = [
+        f"**Replicates** ({len(s['replicates'])}: real logs, world model, calibration and checked rollouts drawn "
+        "again; the tables above pool them):",
+        "",
+        "| replicate | faithful flagged | fail | inconclusive | "
+        + " | ".join(s["replicates"][0]["by_condition"])
+        + " | targets missed |",
+        "|---|---|---|---|" + "---|" * len(s["replicates"][0]["by_condition"]) + "---|",
+    ]
+    for r in s["replicates"]:
+        fa = r["false_alarms"]
+        lines.append(
+            f"| {r['replicate']} | {_r(fa['wmcheck'])} | {fa['wmcheck_fail_only']['k']} | "
+            f"{fa['wmcheck_inconclusive']['k']} | "
+            + " | ".join(_r(v) for v in r["by_condition"].values())
+            + f" | {len(r['targets_missed'])} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -766,8 +862,17 @@ def main(argv: list[str] | None = None) -> int:
         help="record this many more real episodes (same reality, other seeds) and calibrate on them too "
         "(`wmcheck calibrate --real`): how the false alarms depend on the size of the real null (default 0)",
     )
+    p.add_argument(
+        "--replicates",
+        type=int,
+        default=1,
+        help="draw the real logs, the model and the checked rollouts this many times (seeds shifted by "
+        f"{REPLICATE_SEED:,} each) and pool the checks: false-alarm rates over calibrations, not one (default 1)",
+    )
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)
+    if args.replicates < 1:
+        p.error("--replicates must be >= 1")
     if args.device is None:
         args.device = "cuda" if args.config == "gpu" else "cpu"
     if args.workers is None:
@@ -798,9 +903,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, spec in specs.items():
         if args.quick:
             spec = quick(spec)
-        r = run_system(spec, out / "work" / name, args)
+        reps = [
+            run_system(spec, out / "work" / name / (f"rep{k}" if k else ""), args, k) for k in range(args.replicates)
+        ]
+        r = pool_replicates(spec, reps)
         systems.append(r)
-        print(system_markdown(r), flush=True)
+        print(system_markdown(r) + replicates_markdown(r), flush=True)
     finish(info, started)
     md = "\n".join(
         [
@@ -814,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.workers} check worker(s), training on {args.device}; total {info['total_seconds']:.0f} s.",
             "",
         ]
-        + [system_markdown(s) for s in systems]
+        + [system_markdown(s) + replicates_markdown(s) for s in systems]
     )
     write_results(
         out,

@@ -277,6 +277,7 @@ def jobs_for(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarray) -> 
         _controls(spec, reality)
         + _deterministic(spec, reality)
         + _perturbations(spec, reality, obs_std)
+        + _other_policy_gaps(spec, reality, obs_std)
         + _endings(spec, reality)
     )
 
@@ -363,6 +364,34 @@ def _perturbations(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarra
                         float(size),
                     )
                 )
+    return jobs
+
+
+def _other_policy_gaps(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarray) -> list[CheckJob]:
+    """The largest dynamics and actuator gaps checked under each other policy (another excitation,
+    the closed-loop controller): what the policy rules (R4b, R4c) cost a check that only sees the
+    simulator under another policy than the logs'."""
+    jobs = []
+    others = [*spec.other_policies, f"controller:{spec.controller}"]
+    sizes = spec.gap_sizes()
+    for g, gap in enumerate(("dynamics", "actuator")):
+        size = float(sizes[gap][-1])
+        for j, pol in enumerate(others):
+            base = dataclasses.replace(reality, seed=7000 + 100 * g + 10 * j)
+            jobs.append(
+                CheckJob(
+                    spec.name,
+                    "other_policy",
+                    f"{gap}-pol{j}",
+                    variant(base, gap, size, obs_std, spec.dynamics_param).to_dict(),
+                    pol,
+                    70_000 + 1000 * g + 100 * j,
+                    (gap,),
+                    f"{gap}={size:g} under {pol.replace('controller:', 'controller ')}",
+                    gap,
+                    size,
+                )
+            )
     return jobs
 
 

@@ -67,7 +67,6 @@ def test_bench_train_reference_ratio():
     """The ratio column compares with the issue's figures (no timing involved)."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "scripts"))
     try:
         from bench_train import reference
     finally:
@@ -89,8 +88,10 @@ def test_bench_worldmodel_quick(tmp_path):
     for s in data["systems"]:
         assert s["context"] == 16 and s["horizons"][0] == 1 and len(s["horizons"]) >= 2
         assert s["train_episodes"] >= 1 and s["heldout_episodes"] >= 1
-        assert set(s["runs"]) == {"fixed", "defaults"}
+        assert set(s["runs"]) == {"fixed", "defaults-loss", "defaults"}
         assert s["runs"]["defaults"]["train"]["patience"] > 0 and s["runs"]["fixed"]["train"]["patience"] == 0
+        assert s["runs"]["defaults"]["train"]["stop_on"] == "openloop"
+        assert s["runs"]["defaults-loss"]["train"]["stop_on"] == "loss"
         for run in s["runs"].values():
             card = run["card"]
             H = len(card["coverage_raw"])
@@ -151,6 +152,7 @@ def test_bench_detection_quick(tmp_path):
     assert s["system"] == "pendulum" and s["calibration_blocks"] >= 24
     families = [c["family"] for c in s["checks"]]
     assert families.count("control") == 2 and families.count("ending") == 1
+    assert families.count("other_policy") == 2  # the largest dynamics and actuator gaps under the controller
     assert families.count("deterministic") == 4  # twin, one biased physics, no latency, nominal
     assert sorted(c["gap"] for c in s["checks"] if c["family"] == "perturbation") == sorted(
         ["latency", "actuator", "sensor_noise", "dynamics"]
@@ -188,13 +190,40 @@ def test_bench_detection_quick(tmp_path):
         else:
             assert 0.0 <= cell["power_predicted"] <= 1.0
     assert all(isinstance(t["met"], bool) and t["measured"] for t in summ["targets"])
+    assert [o["row"] for o in summ["other_policy"]] == [
+        "dynamics=0.5 under controller pendulum_pd",
+        "actuator=2 under controller pendulum_pd",
+    ]
     md = (tmp_path / "bench_detection.md").read_text()
     assert "**Deterministic simulators**" in md and "**Faithful controls**" in md and "| gap | size | n |" in md
+    assert "**Gaps checked under another policy only**" in md
+
+    # replicates pool every check into one summary and keep each replicate's false alarms
+    from wmcheck.scripts import bench_detection as bd
+    from wmcheck.scripts.bench_families import PENDULUM, quick
+
+    second = json.loads(json.dumps(s))
+    for c in second["checks"]:
+        c["replicate"], c["flagged"], c["verdict"] = 1, True, "fail"
+    second.update(replicate=1, summary=bd.summarise(quick(PENDULUM), second["checks"], 0.05))
+    pooled = bd.pool_replicates(quick(PENDULUM), [s, second])
+    assert len(pooled["checks"]) == 2 * len(s["checks"])
+    n_controls = families.count("control")
+    assert pooled["summary"]["false_alarms"]["wmcheck"]["n"] == 2 * n_controls
+    assert pooled["summary"]["false_alarms"]["wmcheck"]["k"] == fa["k"] + n_controls
+    assert [r["false_alarms"]["wmcheck_fail_only"]["k"] for r in pooled["replicates"]] == [
+        s["summary"]["false_alarms"]["wmcheck_fail_only"]["k"],
+        n_controls,
+    ]
+    assert "**Replicates** (2:" in bd.replicates_markdown(pooled)
+    job = bd.jobs_for(quick(PENDULUM), bd.RealityProfile(**PENDULUM.reality, seed=0), np.ones(3))[0]
+    moved = bd._replicate_job(job, 2)
+    assert moved.seed == job.seed + 2 * bd.REPLICATE_SEED and moved.profile["seed"] != job.profile["seed"]
+    assert bd._replicate_job(job, 0) is job
 
 
 def test_bench_detection_statistics():
     """The benchmark's own statistics: the Wilson interval, variant profiles and estimate errors."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import bench_detection as bd
         import bench_families as bf
@@ -269,7 +298,6 @@ def test_bench_detection_statistics():
 def test_bench_twins_truth_and_method_of_bins():
     """The twins benchmark's own pieces, without training: the method-of-bins curve reproduces a
     known power curve, and the twin truth per bin is the measured simulator - real difference."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import bench_twins as bt
     finally:

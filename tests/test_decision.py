@@ -231,20 +231,33 @@ CASES = [
         "latency",
     ),
     (
-        "R4b a latency gap under another policy than the logs': unverifiable, not fail",
+        "R4b/T1 a latency gap under another policy than the logs': unverifiable, not fail, and not the top gap",
         dict(policy_shifted=True, fire=("latency",)),
         "unverifiable",
         1,
         (),
-        "latency",
+        "none",
     ),
     (
-        "R4b actuator and latency under another policy, the states shifted too: unverifiable",
+        "R4b actuator and latency under another policy, the states shifted too: unverifiable, no top gap",
         dict(policy_shifted=True, shifted=True, fire=("latency", "actuator"), boot={"latency": np.full(50, 5.0)}),
         "unverifiable",
         1,
         (),
-        "latency",
+        "distribution",
+    ),
+    (
+        "T1 under another policy the top gap is chosen among the rows R4b does not confound",
+        dict(
+            policy_shifted=True,
+            divergent=1,
+            fire=("actuator", "dynamics"),
+            boot={"actuator": np.full(50, 9.0), "dynamics": np.full(50, 4.0)},
+        ),
+        "fail",
+        1,
+        ("episodes", "dynamics"),
+        "dynamics",
     ),
     (
         "R4b applies to the correction gaps only: a residual gap under another policy fails",
@@ -255,12 +268,44 @@ CASES = [
         "dynamics",
     ),
     (
-        "R4b does not excuse divergence: a divergent episode under another policy fails",
+        "R4b does not excuse divergence: a divergent episode under another policy, on the logs' states, fails",
         dict(policy_shifted=True, divergent=1, fire=("latency",)),
         "fail",
         1,
         ("episodes",),
-        "latency",
+        "none",
+    ),
+    (
+        "R4c a divergent episode under another policy on other states: unverifiable, not fail",
+        dict(policy_shifted=True, shifted=True, divergent=1),
+        "unverifiable",
+        1,
+        (),
+        "distribution",
+    ),
+    (
+        "R4c the pooled test under another policy on other states: unverifiable, not fail",
+        dict(policy_shifted=True, shifted=True, pooled=True),
+        "unverifiable",
+        1,
+        (),
+        "none",
+    ),
+    (
+        "R4c needs the other policy: a divergent episode on shifted states under the logs' policy fails",
+        dict(policy_shifted=False, shifted=True, divergent=1),
+        "fail",
+        1,
+        ("episodes",),
+        "distribution",
+    ),
+    (
+        "R4c excuses divergence only: a visual gap under another policy on other states still fails",
+        dict(policy_shifted=True, shifted=True, pooled=True, fire=("visual",)),
+        "fail",
+        1,
+        ("visual",),
+        "visual",
     ),
     (
         "R4b needs the test to reject: a latency gap under the logs' policy fails",
@@ -290,6 +335,22 @@ CASES = [
 def test_decision_rules(rule, kwargs, verdict, code, failing, top):
     dec = decide(evidence(**kwargs), LEVELS)
     assert (dec.verdict, dec.exit_code, dec.failing, dec.top_gap) == (verdict, code, failing, top), dec
+
+
+def test_r4c_names_the_divergence_it_excuses():
+    dec = decide(evidence(policy_shifted=True, shifted=True, divergent=1, pooled=True), LEVELS)
+    assert dec.divergence_confounded == ("episodes", "pooled") and dec.failing_without_tolerance == ()
+    assert decide(evidence(policy_shifted=True, shifted=True), LEVELS).divergence_confounded == ()
+    assert decide(evidence(policy_shifted=True, divergent=1), LEVELS).divergence_confounded == ()
+
+
+def test_r4c_message_says_what_diverged_and_why_it_does_not_fail():
+    from wmcheck.checks.report_build import message
+
+    ev = evidence(policy_shifted=True, shifted=True, divergent=1, pooled=True)
+    text = message(decide(ev, LEVELS), ev, {}, {}, LEVELS)
+    assert text.startswith("UNVERIFIABLE: 1 of 4 episode(s) diverge and the pooled divergence test rejects")
+    assert "another policy" in text and "logs' policy" in text and "PASS" not in text and "FAIL" not in text
 
 
 def test_allow_unverifiable_changes_the_exit_code_not_the_verdict():
