@@ -58,7 +58,12 @@ class TrainConfig:
     openloop_context: int = 16
     openloop_horizons: tuple[int, ...] = (1, 4, 16, 64)
     openloop_windows: int = 16
-    """Number of held-out windows evaluated open-loop at each validation."""
+    """Number of held-out windows evaluated open-loop at each validation for TensorBoard's openloop/*."""
+    stop_windows: int = 128
+    """Held-out windows of the early-stopping metric `val/openloop_nrmse` (stop_on "openloop"). More
+    than the figures' because one window's open-loop error varies far more than the weights move it
+    between validations: on Pendulum, 16 windows drawn again gave 0.24-0.44 for the same weights,
+    and early stopping on 16 kept weights worse than the loss-stopped ones (docs/benchmarks.md)."""
     accelerator: str = "auto"
     """Lightning accelerator: auto, cpu, gpu, ..."""
     devices: str = "auto"
@@ -91,6 +96,10 @@ class TrainConfig:
             raise ValueError(f"stop_on must be one of {', '.join(STOP_METRICS)}, got {self.stop_on!r}")
         if self.openloop_context < 1:
             raise ValueError("openloop_context must be >= 1")
+        if self.openloop_windows < 1 or self.stop_windows < 1:
+            raise ValueError(
+                f"openloop_windows and stop_windows must be >= 1, got {self.openloop_windows}, {self.stop_windows}"
+            )
 
 
 @dataclass

@@ -43,6 +43,7 @@ class WorldModelModule(L.LightningModule):
         self.data_hash = data_hash
         self.automatic_optimization = False
         self._openloop_seq = None  # set by the data module: held-out windows for openloop/*
+        self._stop_seq = None  # and the (more) windows of val/openloop_nrmse when early stopping uses it
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
@@ -81,23 +82,30 @@ class WorldModelModule(L.LightningModule):
         logs = {f"val/{k}": v for k, v in out.metrics.items()}
         self.log_dict(logs, on_step=False, on_epoch=True, batch_size=batch.obs.shape[0], sync_dist=True)
 
-    def on_validation_epoch_end(self):
-        if self._openloop_seq is None or self.trainer.sanity_checking:
-            return
-        t = self.run_config.train
+    def _openloop(self, seq):
+        """evaluate_openloop on held-out windows with fixed draws, without touching the training
+        stream: every rank and every validation use the same random numbers (as the loss above), so
+        the result moves only with the weights."""
         from wmcheck.training.datamodule import batch_to
 
-        seq = batch_to(self._openloop_seq, self.device)
-        # Every rank evaluates the same windows with the same draws (common random numbers, as the
-        # loss above): the early-stopping metric then moves only with the weights and exists on
-        # every rank, which EarlyStopping and ModelCheckpoint need under DDP.
+        t = self.run_config.train
         cuda = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(t.seed * 1000 + 999)
-            res = evaluate_openloop(self.model, seq, t.openloop_context, t.openloop_horizons)
-        self.log("val/openloop_nrmse", float(np.nanmean(res.step_nrmse)), on_epoch=True, sync_dist=True, batch_size=1)
-        if not self.trainer.is_global_zero:
+            return evaluate_openloop(self.model, batch_to(seq, self.device), t.openloop_context, t.openloop_horizons)
+
+    def on_validation_epoch_end(self):
+        if self.trainer.sanity_checking:
             return
+        t = self.run_config.train
+        if self._stop_seq is not None:  # the early-stopping metric exists on every rank (DDP needs it)
+            stop = self._openloop(self._stop_seq)
+            self.log(
+                "val/openloop_nrmse", float(np.nanmean(stop.step_nrmse)), on_epoch=True, sync_dist=True, batch_size=1
+            )
+        if self._openloop_seq is None or not self.trainer.is_global_zero:
+            return
+        res = self._openloop(self._openloop_seq)
         names = self.channels.get("observation_names") or [f"obs_{i}" for i in range(res.nrmse.shape[1])]
         logs = {}
         for i, h in enumerate(res.horizons):

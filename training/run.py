@@ -140,6 +140,8 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = WorldModelModule(run_config, dm.normalizer.to_dict(), dm.channels, data_hash)
     module._openloop_seq = dm.openloop_sequence()
+    if t.stop_on == "openloop" and module._openloop_seq is not None:
+        module._stop_seq = dm.openloop_sequence(windows=t.stop_windows)
 
     logger = TensorBoardLogger(save_dir=str(out), name="", version="tb", default_hp_metric=False)
     checkpoint = ModelCheckpoint(
