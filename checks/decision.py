@@ -69,11 +69,14 @@ Run
       error from its own: a run that would pass is `inconclusive` (`Decision.model_not_competent`).
       A fail stands: its thresholds come from real episodes scored by the same model.
 Top gap
-  T1  among the dynamics-family gaps that fire (present or tolerated) and are not confounded with
-      the policy (R4b: under another policy their evidence says nothing about the simulator; on
-      the detection benchmark they named actuator for a faithful simulator and for a gravity gap
-      under a PD controller), the one the bootstrap separates (largest evidence in >= 90 % of
-      replicates; attribution.separate_top), else none with the confounded ones listed;
+  T1  among the dynamics-family gaps that fire (present or tolerated) and are not confounded, the
+      one the bootstrap separates (largest evidence in >= 90 % of replicates;
+      attribution.separate_top), else none with the ones it cannot separate listed. Confounded:
+      an R4b row always (under another policy its evidence says nothing about the simulator; on
+      the detection benchmark such rows named actuator for a faithful simulator and for a gravity
+      gap under a PD controller); an R4 row when the run does not fail (it is why the run is
+      unverifiable, not a finding: it named sensor_noise for faithful simulators). In a run that
+      fails on divergence an R4 row stays a candidate cause: a dynamics gap moves the states;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -218,7 +221,9 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     if ev.policy_gate_passed is False:
         failing, raw, verdict = failing + ("policy_gate",), raw + ("policy_gate",), "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and allow_unverifiable) else EXIT_CODES[verdict]
-    top, confounded = top_gap(ev, gaps, pooled_rejects(ev.divergence, levels), policy_confounded)
+    # T1: a confounded row is no cause: R4b rows never, R4 rows only for a run that fails on other evidence
+    not_causes = policy_confounded + (shift_confounded if consistency != "fail" else ())
+    top, confounded = top_gap(ev, gaps, pooled_rejects(ev.divergence, levels), not_causes)
     return Decision(
         verdict,
         exit_code,
@@ -238,12 +243,13 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
 
 
 def top_gap(
-    ev: CheckEvidence, gaps: dict[str, str], pooled_reject: bool, policy_confounded: tuple[str, ...] = ()
+    ev: CheckEvidence, gaps: dict[str, str], pooled_reject: bool, not_causes: tuple[str, ...] = ()
 ) -> tuple[str, list[str]]:
-    """T1-T3: the gap the evidence names, or 'none' and the gaps it cannot separate."""
+    """T1-T3: the gap the evidence names, or 'none' and the gaps it cannot separate; `not_causes`
+    are firing rows T1 leaves out (confounded)."""
     from wmcheck.checks.attribution import separate_top
 
-    firing = [g for g in DYNAMICS_GAPS if gaps[g] in ("present", "tolerated") and g not in policy_confounded]
+    firing = [g for g in DYNAMICS_GAPS if gaps[g] in ("present", "tolerated") and g not in not_causes]
     top, confounded = separate_top({g: ev.gaps[g].boot for g in firing}, firing)
     if top == "none" and not confounded:
         if gaps["visual"] in ("present", "tolerated"):

@@ -369,6 +369,7 @@ def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
         summary["other_policy"].append(
             {
                 "row": r["condition"],
+                "replicate": r.get("replicate", 0),
                 "verdict": r["verdict"],
                 "flagged": r["flagged"],
                 "failing": r.get("failing", []),
@@ -596,9 +597,11 @@ def system_markdown(s: dict) -> str:
             + " |",
             "|---|---|---|---|" + "---|" * len(BASELINES),
         ]
+        replicated = any(o.get("replicate", 0) for o in summ["other_policy"])
         for o in summ["other_policy"]:
+            label = f"{o['row']} (replicate {o['replicate']})" if replicated else o["row"]
             lines.append(
-                f"| {o['row']} | {o['verdict']} | {o['top_gap']} | {', '.join(o['failing']) or '-'} | "
+                f"| {label} | {o['verdict']} | {o['top_gap']} | {', '.join(o['failing']) or '-'} | "
                 + " | ".join("yes" if o[b] else "no" for b in BASELINES)
                 + " |"
             )

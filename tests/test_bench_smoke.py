@@ -88,10 +88,10 @@ def test_bench_worldmodel_quick(tmp_path):
     for s in data["systems"]:
         assert s["context"] == 16 and s["horizons"][0] == 1 and len(s["horizons"]) >= 2
         assert s["train_episodes"] >= 1 and s["heldout_episodes"] >= 1
-        assert set(s["runs"]) == {"fixed", "defaults-loss", "defaults"}
+        assert set(s["runs"]) == {"fixed", "defaults", "defaults-openloop"}
         assert s["runs"]["defaults"]["train"]["patience"] > 0 and s["runs"]["fixed"]["train"]["patience"] == 0
-        assert s["runs"]["defaults"]["train"]["stop_on"] == "openloop"
-        assert s["runs"]["defaults-loss"]["train"]["stop_on"] == "loss"
+        assert s["runs"]["defaults"]["train"]["stop_on"] == "loss"
+        assert s["runs"]["defaults-openloop"]["train"]["stop_on"] == "openloop"
         for run in s["runs"].values():
             card = run["card"]
             H = len(card["coverage_raw"])

@@ -215,12 +215,20 @@ CASES = [
         "distribution",
     ),
     (
-        "R4 residual gaps on shifted states: unverifiable, not fail",
+        "R4/T1 residual gaps on shifted states: unverifiable, not fail, and no top gap but the shift",
         dict(shifted=True, fire=("sensor_noise",)),
         "unverifiable",
         1,
         (),
-        "sensor_noise",
+        "distribution",
+    ),
+    (
+        "T1 an R4 row stays a cause when the run fails on divergence (a dynamics gap moves the states)",
+        dict(shifted=True, pooled=True, fire=("dynamics",)),
+        "fail",
+        1,
+        ("pooled",),
+        "dynamics",
     ),
     (
         "R4 does not cover the searches: a latency gap on shifted states fails",

@@ -38,15 +38,17 @@ def trained(pendulum_log, tmp_path_factory):
         progress_bar=False,
         seed=0,
         patience=0,
+        stop_on="openloop",  # the best checkpoint by the open-loop metric (the default, the loss, is simpler)
+        stop_windows=32,
     )
     result = train(pendulum_log, out, build_run_config(cfg))
     return result, cfg
 
 
 def test_exported_model_is_the_best_checkpoint(trained):
-    """model.pt holds the weights of the validation with the lowest monitored metric (by default
-    the held-out open-loop NRMSE), and training.json says which metric, which step and why
-    training ended."""
+    """model.pt holds the weights of the validation with the lowest monitored metric (here the
+    held-out open-loop NRMSE), and training.json says which metric, which step and why training
+    ended."""
     import json
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -124,12 +126,26 @@ def test_early_stopping_ends_a_run_that_does_not_improve(stop_on, metric, pendul
     assert result.monitor == metric
 
 
+def test_the_stop_windows_are_not_the_quality_cards(pendulum_log):
+    """Selecting weights on the card's own windows would make the card optimistic: the early-stopping
+    windows come from another stream (other starts in the same held-out episodes)."""
+    from wmcheck.training.datamodule import LogDataModule
+
+    dm = LogDataModule(pendulum_log, TrainConfig(seed=0, val_fraction=0.25))
+    dm.prepare()
+    card = dm.openloop_sequence(windows=16, length=40)
+    stop = dm.openloop_sequence(windows=16, length=40, stream="stop")
+    assert card.obs.shape == stop.obs.shape
+    assert not torch.equal(card.obs, stop.obs)
+    assert torch.equal(card.obs, dm.openloop_sequence(windows=16, length=40).obs)  # each stream is fixed
+
+
 def test_the_openloop_metric_falls_back_to_the_loss_without_windows():
     from wmcheck.training.run import monitored_metric
 
-    assert monitored_metric(TrainConfig(), True) == "val/openloop_nrmse"
-    assert monitored_metric(TrainConfig(), False) == "val/loss/total"
-    assert monitored_metric(TrainConfig(stop_on="loss"), True) == "val/loss/total"
+    assert monitored_metric(TrainConfig(stop_on="openloop"), True) == "val/openloop_nrmse"
+    assert monitored_metric(TrainConfig(stop_on="openloop"), False) == "val/loss/total"
+    assert monitored_metric(TrainConfig(), True) == "val/loss/total"  # the default
 
 
 def test_loss_falls(trained):

@@ -134,11 +134,19 @@ class LogDataModule(L.LightningDataModule):
         batches = [self._val_sampler.sample(rng, self.cfg.batch_size).to_torch() for _ in range(self.cfg.val_batches)]
         return DataLoader(batches, batch_size=None, num_workers=0)
 
-    def openloop_sequence(self, windows: int | None = None, length: int | None = None, with_episodes: bool = False):
+    def openloop_sequence(
+        self,
+        windows: int | None = None,
+        length: int | None = None,
+        with_episodes: bool = False,
+        stream: str = "card",
+    ):
         """Held-out windows lying inside single validation episodes (no episode start inside),
         of length context + max horizon (shortened to what the episodes allow): a Batch (B, T, ...),
         or None when no validation episode is long enough. with_episodes: also each window's
-        validation episode index (B,), as a tuple (batch, episodes) (None, None when there is none)."""
+        validation episode index (B,), as a tuple (batch, episodes) (None, None when there is none).
+        stream: "card" (the quality card's and TensorBoard's windows) or "stop" (the early-stopping
+        metric's: other window starts, so that weights are not selected on the card's windows)."""
         if not self.val_ids:
             return (None, None) if with_episodes else None
         c = self.cfg
@@ -150,7 +158,7 @@ class LogDataModule(L.LightningDataModule):
             return (None, None) if with_episodes else None
         length = min(length, max(b.obs.shape[1] for _, b in episodes))
         usable = [(i, b) for i, b in episodes if b.obs.shape[1] >= length]
-        rng = np.random.default_rng([c.seed, 777])
+        rng = np.random.default_rng([c.seed, WINDOW_STREAMS[stream]])
         picks, which = [], []
         for k in range(windows):
             i, b = usable[k % len(usable)]
@@ -159,6 +167,10 @@ class LogDataModule(L.LightningDataModule):
             which.append(i)
         batch = Batch.concat(picks).to_torch()
         return (batch, np.array(which)) if with_episodes else batch
+
+
+WINDOW_STREAMS = {"card": 777, "stop": 778}
+"""Random streams of the held-out open-loop windows (LogDataModule.openloop_sequence)."""
 
 
 def _slice(b: Batch, start: int, stop: int) -> Batch:

@@ -141,7 +141,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     module = WorldModelModule(run_config, dm.normalizer.to_dict(), dm.channels, data_hash)
     module._openloop_seq = dm.openloop_sequence()
     if t.stop_on == "openloop" and module._openloop_seq is not None:
-        module._stop_seq = dm.openloop_sequence(windows=t.stop_windows)
+        module._stop_seq = dm.openloop_sequence(windows=t.stop_windows, stream="stop")
 
     logger = TensorBoardLogger(save_dir=str(out), name="", version="tb", default_hp_metric=False)
     checkpoint = ModelCheckpoint(
