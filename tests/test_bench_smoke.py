@@ -67,6 +67,7 @@ def test_bench_train_reference_ratio():
     """The ratio column compares with the issue's figures (no timing involved)."""
     import torch
 
+    sys.path.insert(0, str(ROOT / "scripts"))
     try:
         from bench_train import reference
     finally:
@@ -224,6 +225,7 @@ def test_bench_detection_quick(tmp_path):
 
 def test_bench_detection_statistics():
     """The benchmark's own statistics: the Wilson interval, variant profiles and estimate errors."""
+    sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import bench_detection as bd
         import bench_families as bf
@@ -251,8 +253,15 @@ def test_bench_detection_statistics():
     # every family, each row with its truth
     jobs = bf.jobs_for(bf.PENDULUM, RealityProfile(**bf.PENDULUM.reality), np.ones(3))
     fams = {j.family for j in jobs}
-    assert fams == {"control", "deterministic", "perturbation", "ending"}
+    assert fams == {"control", "deterministic", "perturbation", "other_policy", "ending"}
     assert all(j.truth == () for j in jobs if j.family == "control")
+    assert sorted((j.gap, j.policy) for j in jobs if j.family == "other_policy") == [
+        ("actuator", "controller:pendulum_pd"),
+        ("actuator", "hold:2"),
+        ("dynamics", "controller:pendulum_pd"),
+        ("dynamics", "hold:2"),
+    ]
+    assert all(j.truth == (j.gap,) for j in jobs if j.family == "other_policy")
     assert {j.condition for j in jobs if j.family == "control"} >= {
         "4 episodes",
         "32 episodes",
@@ -298,6 +307,7 @@ def test_bench_detection_statistics():
 def test_bench_twins_truth_and_method_of_bins():
     """The twins benchmark's own pieces, without training: the method-of-bins curve reproduces a
     known power curve, and the twin truth per bin is the measured simulator - real difference."""
+    sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import bench_twins as bt
     finally:
