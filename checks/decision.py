@@ -24,8 +24,8 @@ Gap rows (latency, actuator, sensor_noise, dynamics, ending, visual)
                     below the gate's `distribution.min_coverage`), absent otherwise.
 Run
   R1  fail when any of these holds (the `failing` reasons):
-        episodes     an episode is divergent (E1),
-        pooled       the pooled test rejects for some score,
+        episodes     an episode is divergent (E1), except under R4c,
+        pooled       the pooled test rejects for some score, except under R4c,
         <gap>        a gap row is present (G3), except rows confounded by the shift (R4) or the policy (R4b),
         coverage     coverage is below the gate's binding `distribution.min_coverage`,
         policy_gate  the closed-loop policy gate is not met.
@@ -74,9 +74,10 @@ Top gap
       attribution.separate_top), else none with the ones it cannot separate listed. Confounded:
       an R4b row always (under another policy its evidence says nothing about the simulator; on
       the detection benchmark such rows named actuator for a faithful simulator and for a gravity
-      gap under a PD controller); an R4 row when the run does not fail (it is why the run is
-      unverifiable, not a finding: it named sensor_noise for faithful simulators). In a run that
-      fails on divergence an R4 row stays a candidate cause: a dynamics gap moves the states;
+      gap under a PD controller); an R4 row unless the run fails on divergence (episodes, pooled):
+      otherwise it is why the run is unverifiable, not a finding (it named sensor_noise for
+      faithful simulators). In a run that fails on divergence an R4 row stays a candidate cause: a
+      dynamics gap moves the states;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -221,8 +222,8 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     if ev.policy_gate_passed is False:
         failing, raw, verdict = failing + ("policy_gate",), raw + ("policy_gate",), "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and allow_unverifiable) else EXIT_CODES[verdict]
-    # T1: a confounded row is no cause: R4b rows never, R4 rows only for a run that fails on other evidence
-    not_causes = policy_confounded + (shift_confounded if consistency != "fail" else ())
+    # T1: a confounded row is no cause: R4b rows never, R4 rows only for a run that fails on divergence
+    not_causes = policy_confounded + (() if {"episodes", "pooled"} & set(failing) else shift_confounded)
     top, confounded = top_gap(ev, gaps, pooled_rejects(ev.divergence, levels), not_causes)
     return Decision(
         verdict,

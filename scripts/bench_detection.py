@@ -630,8 +630,9 @@ def _episodes(path: Path) -> int:
 
 
 REPLICATE_SEED = 1_000_000
-"""Seed offset between replicates: real logs, model and checked rollouts of replicate r are drawn with
-seeds shifted by r * REPLICATE_SEED (replicate 0 is the benchmark as it always ran)."""
+"""Seed offset between replicates: replicate r records its real logs and checked rollouts with seeds
+shifted by r * REPLICATE_SEED, and seeds its reality profile and its training with r (replicate 0 is
+the benchmark as it always ran)."""
 
 
 def _replicate_job(job: CheckJob, r: int) -> CheckJob:

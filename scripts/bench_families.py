@@ -282,6 +282,11 @@ def jobs_for(spec: SystemSpec, reality: RealityProfile, obs_std: np.ndarray) -> 
     )
 
 
+def _other_policies(spec: SystemSpec) -> list[str]:
+    """The policies other than the logs': other excitation, then the closed-loop controller."""
+    return [*spec.other_policies, f"controller:{spec.controller}"]
+
+
 def _controls(spec: SystemSpec, reality: RealityProfile) -> list[CheckJob]:
     jobs = []
 
@@ -302,9 +307,7 @@ def _controls(spec: SystemSpec, reality: RealityProfile) -> list[CheckJob]:
 
     for k in range(spec.controls):
         add(k, f"logs' policy {spec.policy}", spec.policy, 10_000 + 100 * k)
-    others = (
-        [*spec.other_policies, f"controller:{spec.controller}"] if spec.other_policies or spec.episode_counts else []
-    )
+    others = _other_policies(spec) if spec.other_policies or spec.episode_counts else []
     for j, pol in enumerate(others):
         for k in range(spec.other_controls):
             add(k, f"policy {pol.replace('controller:', 'controller ')}", pol, 20_000 + 1000 * j + 100 * k)
@@ -372,7 +375,7 @@ def _other_policy_gaps(spec: SystemSpec, reality: RealityProfile, obs_std: np.nd
     the closed-loop controller): what the policy rules (R4b, R4c) cost a check that only sees the
     simulator under another policy than the logs'."""
     jobs = []
-    others = [*spec.other_policies, f"controller:{spec.controller}"]
+    others = _other_policies(spec)
     sizes = spec.gap_sizes()
     for g, gap in enumerate(("dynamics", "actuator")):
         size = float(sizes[gap][-1])

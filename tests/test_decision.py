@@ -308,6 +308,29 @@ CASES = [
         "distribution",
     ),
     (
+        "R4c with R2: a tolerated gap whose correction leaves no divergence, under another policy: pass",
+        dict(
+            policy_shifted=True,
+            shifted=True,
+            divergent=1,
+            fire=("visual",),
+            tolerate=("visual",),
+            corrected_clean=True,
+        ),
+        "pass",
+        0,
+        (),
+        "visual",
+    ),
+    (
+        "T1 on shifted states a run failing on another row (visual) names no R4 row as its top gap",
+        dict(shifted=True, fire=("sensor_noise", "visual")),
+        "fail",
+        1,
+        ("visual",),
+        "visual",
+    ),
+    (
         "R4c excuses divergence only: a visual gap under another policy on other states still fails",
         dict(policy_shifted=True, shifted=True, pooled=True, fire=("visual",)),
         "fail",
@@ -350,6 +373,11 @@ def test_r4c_names_the_divergence_it_excuses():
     assert dec.divergence_confounded == ("episodes", "pooled") and dec.failing_without_tolerance == ()
     assert decide(evidence(policy_shifted=True, shifted=True), LEVELS).divergence_confounded == ()
     assert decide(evidence(policy_shifted=True, divergent=1), LEVELS).divergence_confounded == ()
+    # R2 first: the divergence R4c would excuse is judged after the tolerated corrections
+    clean = evidence(
+        policy_shifted=True, shifted=True, divergent=1, fire=("visual",), tolerate=("visual",), corrected_clean=True
+    )
+    assert decide(clean, LEVELS).divergence_confounded == ()
 
 
 def test_r4c_message_says_what_diverged_and_why_it_does_not_fail():

@@ -10,6 +10,7 @@ channel names and the training-data hash, all as JSON strings).
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import lightning as L
@@ -72,26 +73,31 @@ class WorldModelModule(L.LightningModule):
         return out.loss.detach()
 
     # ------------------------------------------------------------------ validation
-    def validation_step(self, batch, batch_idx):
-        # The same latent draws at every validation (common random numbers): the loss then moves
-        # only with the weights, which is what early stopping and the best checkpoint compare.
+    @contextlib.contextmanager
+    def _fixed_draws(self, stream: int):
+        """A context with its own random numbers, seeded from the run's seed and `stream`, that leaves
+        the training's stream as it was: validations then draw the same latents every time (common
+        random numbers), so what they measure moves only with the weights."""
         cuda = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(self.run_config.train.seed * 1000 + batch_idx)
+            torch.manual_seed(self.run_config.train.seed * 1000 + stream)
+            yield
+
+    def validation_step(self, batch, batch_idx):
+        # The same latent draws at every validation: the loss moves only with the weights, which is
+        # what early stopping and the best checkpoint compare.
+        with self._fixed_draws(batch_idx):
             out = self.model.loss(batch)
         logs = {f"val/{k}": v for k, v in out.metrics.items()}
         self.log_dict(logs, on_step=False, on_epoch=True, batch_size=batch.obs.shape[0], sync_dist=True)
 
     def _openloop(self, seq):
-        """evaluate_openloop on held-out windows with fixed draws, without touching the training
-        stream: every rank and every validation use the same random numbers (as the loss above), so
-        the result moves only with the weights."""
+        """evaluate_openloop on held-out windows with fixed draws (every rank and every validation
+        the same random numbers, as the loss above)."""
         from wmcheck.training.datamodule import batch_to
 
         t = self.run_config.train
-        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(t.seed * 1000 + 999)
+        with self._fixed_draws(999):
             return evaluate_openloop(self.model, batch_to(seq, self.device), t.openloop_context, t.openloop_horizons)
 
     def on_validation_epoch_end(self):
@@ -125,7 +131,8 @@ class WorldModelModule(L.LightningModule):
             for d, name in enumerate(names[:16]):  # a figure per channel (capped for wide logs)
                 writer.add_figure(f"openloop/{name}", channel_figure(res, d, name), self.global_step)
             # camera frames: true / predicted / error video per image key (reference report protocol)
-            log_openloop_videos(writer, self.model, self._openloop_seq, t.openloop_context, self.global_step)
+            with self._fixed_draws(998):
+                log_openloop_videos(writer, self.model, self._openloop_seq, t.openloop_context, self.global_step)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint):

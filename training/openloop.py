@@ -7,7 +7,7 @@ Owns the protocol used by TensorBoard `openloop/*` and by scripts/bench_worldmod
                       (= RMSE in normalised units: one scale for the model and the baselines)
   fit%(h, channel)  = 100 * (1 - ||y_h - yhat_h|| / ||y_h - mean(y_h)||)   (system-ID "fit")
   step NRMSE(h)     = NRMSE at imagined step h averaged over channels; its mean over h = 1..H is
-                      `val/openloop_nrmse`, the default early-stopping metric
+                      `val/openloop_nrmse`, the early-stopping metric of stop_on "openloop"
   coverage(channel) = fraction of true values inside the model's central 90% predictive interval
 """
 

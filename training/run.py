@@ -11,7 +11,8 @@ Owns the run directory layout:
 A run killed at any point resumes from last.ckpt when `train` is called again with the same RUNDIR.
 
 Training ends at the first of: `max_steps` (a cap), early stopping (`patience` validations without a
-new best value of the `stop_on` metric, by default the held-out open-loop NRMSE), the wall-clock budget `max_minutes`. Any of these is a finished run; a
+new best value of the `stop_on` metric: by default the validation loss, or the held-out open-loop
+NRMSE), the wall-clock budget `max_minutes`. Any of these is a finished run; a
 run that stops otherwise (a signal, a crash) is not, and the next call resumes it. With a
 validation split the exported model is the best checkpoint's, not the last step's.
 """
@@ -384,10 +385,14 @@ def restore_best(module: WorldModelModule, best_ckpt) -> int | None:
 
 def training_summary(result: TrainResult, best_ckpt, monitor: str) -> dict:
     score = getattr(best_ckpt, "best_model_score", None) if best_ckpt is not None else None
-    return {
+    best = float(score) if score is not None else None
+    out = {
         "steps": result.steps,
         "stop_reason": result.stop_reason,
         "exported_step": result.best_step if result.best_step is not None else result.steps,
         "monitor": monitor,
-        "best_score": float(score) if score is not None else None,
+        "best_score": best,
     }
+    if monitor == STOP_METRICS["loss"]:
+        out["best_val_loss"] = best  # the key before the monitored metric could be chosen
+    return out
