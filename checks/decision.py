@@ -69,15 +69,14 @@ Run
       error from its own: a run that would pass is `inconclusive` (`Decision.model_not_competent`).
       A fail stands: its thresholds come from real episodes scored by the same model.
 Top gap
-  T1  among the dynamics-family gaps that fire (present or tolerated) and are not confounded, the
-      one the bootstrap separates (largest evidence in >= 90 % of replicates;
-      attribution.separate_top), else none with the ones it cannot separate listed. Confounded:
-      an R4b row always (under another policy its evidence says nothing about the simulator; on
-      the detection benchmark such rows named actuator for a faithful simulator and for a gravity
-      gap under a PD controller); an R4 row unless the run fails on divergence (episodes, pooled):
-      otherwise it is why the run is unverifiable, not a finding (it named sensor_noise for
-      faithful simulators). In a run that fails on divergence an R4 row stays a candidate cause: a
-      dynamics gap moves the states;
+  T1  among the dynamics-family gaps that fire (present or tolerated), the one the bootstrap
+      separates (largest evidence in >= 90 % of replicates; attribution.separate_top), else none
+      with the ones it cannot separate listed. A row confounded with the shift (R4) or the policy
+      (R4b) is a candidate only in a run that fails on divergence (episodes, pooled), where it may
+      explain what failed (a dynamics gap moves the states; on HalfCheetah the policy test also
+      rejects gapped simulators under the logs' own policy, and latency is then still named).
+      Otherwise it is why the run is unverifiable, not a finding: on the detection benchmark such
+      rows named sensor_noise and actuator for faithful simulators;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -222,8 +221,8 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     if ev.policy_gate_passed is False:
         failing, raw, verdict = failing + ("policy_gate",), raw + ("policy_gate",), "fail"
     exit_code = 0 if verdict == "pass" or (verdict == "unverifiable" and allow_unverifiable) else EXIT_CODES[verdict]
-    # T1: a confounded row is no cause: R4b rows never, R4 rows only for a run that fails on divergence
-    not_causes = policy_confounded + (() if {"episodes", "pooled"} & set(failing) else shift_confounded)
+    # T1: a confounded row (R4, R4b) is a candidate cause only in a run that fails on divergence
+    not_causes = () if {"episodes", "pooled"} & set(failing) else shift_confounded + policy_confounded
     top, confounded = top_gap(ev, gaps, pooled_rejects(ev.divergence, levels), not_causes)
     return Decision(
         verdict,

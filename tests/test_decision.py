@@ -255,7 +255,7 @@ CASES = [
         "distribution",
     ),
     (
-        "T1 under another policy the top gap is chosen among the rows R4b does not confound",
+        "T1 a run failing on divergence under another policy may name an R4b row (the largest evidence)",
         dict(
             policy_shifted=True,
             divergent=1,
@@ -265,7 +265,7 @@ CASES = [
         "fail",
         1,
         ("episodes", "dynamics"),
-        "dynamics",
+        "actuator",
     ),
     (
         "R4b applies to the correction gaps only: a residual gap under another policy fails",
@@ -281,7 +281,7 @@ CASES = [
         "fail",
         1,
         ("episodes",),
-        "none",
+        "latency",
     ),
     (
         "R4c a divergent episode under another policy on other states: unverifiable, not fail",
