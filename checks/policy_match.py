@@ -150,6 +150,12 @@ def _features(x: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.concatenate([np.ones((len(x), 1)), x, rff], 1)
 
 
+def _scale(ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) per column of `ref`, a constant column's std taken as 1: standardise with them."""
+    sd = ref.std(0)
+    return ref.mean(0), np.where(sd > 1e-9, sd, 1.0)
+
+
 def _targets(pairs: PolicyPairs) -> np.ndarray:
     return np.concatenate([pairs.commands, pairs.commands**2], 1)  # (N, 2A): level and amplitude
 
@@ -166,10 +172,12 @@ def uses_observations(real: PolicyPairs, rng: np.random.Generator, folds: int = 
         return True
     fold = np.searchsorted(ids, real.episode) % folds  # (N,) episodes dealt to folds
     y = _targets(real)
-    y = (y - y.mean(0)) / np.where(y.std(0) > 1e-9, y.std(0), 1.0)
+    ym, ys = _scale(y)
+    y = (y - ym) / ys
 
     def cv_errors(x: np.ndarray) -> np.ndarray:  # (folds,) held-out mean squared error
-        x = (x - x.mean(0)) / np.where(x.std(0) > 1e-9, x.std(0), 1.0)
+        xm, xs = _scale(x)
+        x = (x - xm) / xs
         W = rng.normal(size=(x.shape[1], features)) / median_bandwidth(x, rng)
         phi = _features(x, W, rng.uniform(0, 2 * np.pi, size=features))
         out = np.empty(folds)
@@ -213,12 +221,10 @@ def policy_shift_test(
     if math.comb(n_c + n_r, n_c) < 1.0 / alpha:  # no split of so few episodes can reach alpha
         out.testable, out.reason = False, f"{n_c} checked and {n_r} real episodes are too few to reach p < {alpha:g}"
         return out
-    mu, sd = real.conditions.mean(0), real.conditions.std(0)
-    sd = np.where(sd > 1e-9, sd, 1.0)
+    mu, sd = _scale(real.conditions)
     xr, xc = (real.conditions - mu) / sd, (checked.conditions - mu) / sd  # (Nr, d), (Nc, d)
     yr_raw, yc_raw = _targets(real), _targets(checked)  # (N, 2A)
-    ym, ys = yr_raw.mean(0), yr_raw.std(0)
-    ys = np.where(ys > 1e-9, ys, 1.0)
+    ym, ys = _scale(yr_raw)
     y = (np.concatenate([yc_raw, yr_raw]) - ym) / ys  # (N, K) checked first
     x = np.concatenate([xc, xr])  # (N, d)
     bw = median_bandwidth(xr, rng)

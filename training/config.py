@@ -64,8 +64,8 @@ class TrainConfig:
     """Number of held-out windows evaluated open-loop at each validation for TensorBoard's openloop/*."""
     stop_windows: int = 128
     """Held-out windows of the early-stopping metric `val/openloop_nrmse` (stop_on "openloop"): other
-    window starts than the quality card's, in the same held-out episodes. More than the figures' 16: on Pendulum, 16 windows drawn again gave
-    0.24-0.44 for the same weights, 256 gave 0.40-0.42."""
+    window starts than the quality card's, in the same held-out episodes. More than the figures'
+    16: on Pendulum, 16 windows drawn again gave 0.24-0.44 for the same weights, 256 gave 0.40-0.42."""
     accelerator: str = "auto"
     """Lightning accelerator: auto, cpu, gpu, ..."""
     devices: str = "auto"

@@ -141,7 +141,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     L.seed_everything(t.seed, workers=True, verbose=False)
     module = WorldModelModule(run_config, dm.normalizer.to_dict(), dm.channels, data_hash)
     module._openloop_seq = dm.openloop_sequence()
-    if t.stop_on == "openloop" and module._openloop_seq is not None:
+    if t.stop_on == "openloop":
         module._stop_seq = dm.openloop_sequence(windows=t.stop_windows, stream="stop")
 
     logger = TensorBoardLogger(save_dir=str(out), name="", version="tb", default_hp_metric=False)
@@ -150,7 +150,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     )
     callbacks = [checkpoint]
     best_ckpt = early = None
-    monitor = monitored_metric(t, module._openloop_seq is not None)
+    monitor = monitored_metric(t, module._stop_seq is not None)
     if dm.has_validation:
         # best.ckpt is written at a validation that improves the monitored metric; model.pt takes its weights
         best_ckpt = ModelCheckpoint(
@@ -252,7 +252,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     )
     if trainer.is_global_zero:
         save_model(model_path, module.model, run_config.to_dict(), dm.normalizer.to_dict(), dm.channels, data_hash)
-        summary = training_summary(result, best_ckpt, monitor)
+        summary = training_summary(result, best_ckpt)
         write_text_atomic(out / "training.json", json.dumps(summary, indent=2))
         module.model.cpu()
         result.quality = compute_card(module.model, dm, t.openloop_context, max(t.openloop_horizons), seed=t.seed)
@@ -348,7 +348,7 @@ def interrupted(trainer, last: Path, exc: BaseException) -> Interrupted:
 
 def monitored_metric(t: TrainConfig, has_openloop_windows: bool) -> str:
     """The validation metric of early stopping and of the best checkpoint (TrainConfig.stop_on):
-    the open-loop NRMSE needs held-out windows longer than the context, else the loss stands in."""
+    the open-loop NRMSE needs its held-out windows (longer than the context), else the loss stands in."""
     if t.stop_on == "openloop" and not has_openloop_windows:
         return STOP_METRICS["loss"]
     return STOP_METRICS[t.stop_on]
@@ -383,16 +383,16 @@ def restore_best(module: WorldModelModule, best_ckpt) -> int | None:
     return int(state.get("global_step", 0))
 
 
-def training_summary(result: TrainResult, best_ckpt, monitor: str) -> dict:
+def training_summary(result: TrainResult, best_ckpt) -> dict:
     score = getattr(best_ckpt, "best_model_score", None) if best_ckpt is not None else None
     best = float(score) if score is not None else None
     out = {
         "steps": result.steps,
         "stop_reason": result.stop_reason,
         "exported_step": result.best_step if result.best_step is not None else result.steps,
-        "monitor": monitor,
+        "monitor": result.monitor,
         "best_score": best,
     }
-    if monitor == STOP_METRICS["loss"]:
+    if result.monitor == STOP_METRICS["loss"]:
         out["best_val_loss"] = best  # the key before the monitored metric could be chosen
     return out
