@@ -236,9 +236,11 @@ class Gate:
                         that applies: latency (with command or input channels), actuator (with
                         command channels), sensor_noise, sensor_bias, obs_scale, smoothing); a run that finds nothing but could not have seen a required
                         type is `inconclusive` (exit 3). Listing fewer accepts a partial pass.
-    policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`):
-                        a policy check with fewer simulator episodes or a lower simulator success
-                        rate fails; defaults 1000 / 0.85
+    policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`).
+                        Keys set here are binding: fewer simulator episodes, or a lower (or unknown)
+                        success rate, fail. Keys left out take the defaults 1000 / 0.85: a lower
+                        success rate fails where success is defined (else "not evaluated"), too few
+                        episodes is a warning with the power they buy (`policy_check.policy_gate`)
     Unknown or misspelt keys, and values of the wrong type, are errors (exit 2): a silently ignored
     key would change pass / fail in CI.
     """
@@ -248,7 +250,7 @@ class Gate:
     tolerances: Tolerances = field(default_factory=Tolerances)
     allow_unverifiable: bool = False
     require_power: list[str] | None = None
-    policy: dict[str, float] = field(default_factory=lambda: dict(POLICY_GATE_DEFAULTS))
+    policy: dict[str, float] = field(default_factory=dict)  # the keys the gate file sets (binding)
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -277,6 +279,10 @@ class Gate:
                     f"{where}: require_power must be a list of gap types from {list(POWER_GAPS)}, got {rp!r}",
                     "e.g. require_power: [sensor_noise, sensor_bias]",
                 )
+
+    def policy_requirement(self, key: str) -> float:
+        """policy.<key> as the gate file sets it, else its default."""
+        return {**POLICY_GATE_DEFAULTS, **self.policy}[key]
 
     @classmethod
     def load(cls, path: str | Path) -> Gate:
@@ -342,7 +348,8 @@ def _read_mapping_file(path: Path):
 
 
 def validate_gate_policy(policy, where: str) -> dict:
-    """The gate file's `policy:` mapping, checked: {min_episodes: int >= 1, min_success_rate: [0, 1]}."""
+    """The gate file's `policy:` mapping, checked: {min_episodes: int >= 1, min_success_rate: [0, 1]}.
+    Only the keys it sets are returned (they bind); absent keys default in `Gate.policy_requirement`."""
     if policy is None:
         policy = {}
     if not isinstance(policy, dict):
@@ -360,4 +367,4 @@ def validate_gate_policy(policy, where: str) -> dict:
         )
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
         raise UserError(f"{where}: policy.min_success_rate must be in [0, 1], got {r!r}", "e.g. min_success_rate: 0.85")
-    return {"min_episodes": int(m), "min_success_rate": float(r)}
+    return {k: int(m) if k == "min_episodes" else float(r) for k in policy}

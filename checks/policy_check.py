@@ -24,7 +24,10 @@ initial conditions (`policy_rollout.closed_loop`), it computes:
                 quantile of real blocks' open-loop error) and the states there; and the share of
                 high-return episodes that pass through blocks the check flags
   gate          policy.min_episodes, policy.min_success_rate (defaults 1000 / 0.85, field practice
-                before hardware time) and the exploitation flag; any failure fails the check.
+                before hardware time) and the exploitation flag (`policy_gate`): a low success rate
+                or the flag fails the check; success is "not evaluated" where no success signal
+                exists; the episode minimum warns with the power the episodes buy, and fails only
+                where the team's gate file sets it.
 The exploitation test is one more test at alpha on top of the check's own budget.
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -42,25 +46,34 @@ from wmcheck.checks.stats import block_mmd_test, percentile_interval, sign_flip_
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
-from wmcheck.datasets.record import Outcome, SpaceCodec, episode_outcome, make_env, make_policy, make_success
+from wmcheck.datasets.record import (
+    Outcome,
+    SpaceCodec,
+    env_name,
+    episode_outcome,
+    make_policy,
+    make_success,
+    opened_env,
+)
 
 EXCITATION_POLICIES = ("random",)  # and "hold:K": recording signals, not policies to ship
 
 
 def is_policy(spec) -> bool:
-    """True for a policy to check closed loop (a callable, module:callable or TorchScript file);
-    False for the recorder's excitation signals (random, hold:K)."""
-    return callable(spec) or (
-        isinstance(spec, str) and spec not in EXCITATION_POLICIES and not spec.startswith("hold:")
-    )
+    """True for a policy to check closed loop (a Python callable or SB3-like model, module:callable,
+    an SB3 .zip or a TorchScript file); False for the recorder's excitation signals (random, hold:K)."""
+    if not isinstance(spec, str):
+        return spec is not None
+    return spec not in EXCITATION_POLICIES and not spec.startswith("hold:")
 
 
 @dataclass
 class PolicyRun:
     """What `wmcheck check --env ID --policy P` recorded, enough to run the same policy in the model."""
 
-    env_id: str
-    policy: str | Callable
+    env_id: str | Any
+    """A gymnasium id, "module:Class", or an `Env` instance (the caller's: never closed here)."""
+    policy: str | Callable | Any
     env_kwargs: dict | None = None
     success: str | Callable | None = None
     """The success rule used while recording (None: the env's info)."""
@@ -112,15 +125,12 @@ def policy_section(
             f"no policy episode is longer than the model's context ({context} steps)",
             f"record episodes of more than {context} steps (--max-steps)",
         )
-    env = make_env(run.env_id, run.env_kwargs)
-    try:
+    with opened_env(run.env_id, run.env_kwargs) as env:
         codec = SpaceCodec.for_env(env)
         policy = make_policy(run.policy, env)
         cl = closed_loop(
             model, norm, episodes, policy, codec, env, context, ClosedLoopConfig(samples=run.samples, seed=seed)
         )
-    finally:
-        env.close()
     ids = [int(e.id) for e in episodes]
     n, S = len(episodes), run.samples
     sim_ret = np.array([float(e.reward_array().sum()) for e in episodes])  # (n,)
@@ -214,10 +224,12 @@ def policy_section(
     }
 
     # ---- gate
-    gate = policy_gate(gate_policy, len(recorded), success, flag)
+    gate = policy_gate(
+        gate_policy, len(recorded), success, flag, gate_power(diff, margin, alpha, success, len(recorded))
+    )
     return {
         "policy": run.policy if isinstance(run.policy, str) else getattr(run.policy, "__name__", repr(run.policy)),
-        "env": run.env_id,
+        "env": env_name(run.env_id),
         "episodes": len(recorded),
         "closed_loop_episodes": n,
         "closed_loop_samples": S,
@@ -322,22 +334,36 @@ def _split(ep: Episode, cl: ClosedLoop, i: int, norm: Normalizer, div_q: np.ndar
     }
 
 
-def policy_gate(gate_policy: dict, n: int, success: dict, exploit_flag: bool) -> dict:
-    """The policy gate: `n` simulator episodes and the success rate (`success["simulator_rate"]`, None if
-    unknown) against the gate's requirements (defaults for absent keys), and the exploitation flag."""
+def policy_gate(gate_policy: dict, n: int, success: dict, exploit_flag: bool, power: dict | None = None) -> dict:
+    """The policy gate (module docstring): `n` simulator episodes and the success rate
+    (`success["simulator_rate"]`, None if unknown) against the requirements, and the exploitation flag.
+
+    `gate_policy` holds the keys the team's gate file sets; they are binding. Keys it leaves out take
+    POLICY_GATE_DEFAULTS (field practice) with these rules:
+      - the success rate's default applies where success is defined; with no success signal it is
+        "not evaluated" and does not fail (a success rate the gate file sets fails when unknown);
+      - the episode minimum's default is a warning that states what the recorded episodes can
+        resolve (`power`, from `gate_power`), not a failure.
+    """
+    binding = set(gate_policy or {})
     req = {**POLICY_GATE_DEFAULTS, **(gate_policy or {})}
     min_eps, min_rate = int(req["min_episodes"]), float(req["min_success_rate"])
     rate = success["simulator_rate"]
-    reasons = []
+    reasons, warnings_ = [], []
     if n < min_eps:
-        reasons.append(
-            f"{n} simulator episodes; the gate requires at least {min_eps} across the task distribution "
-            f"(record them: --episodes {min_eps})"
+        text = f"{n} simulator episodes; " + (
+            f"the gate file requires at least {min_eps} across the task distribution (record them: --episodes {min_eps})"
+            if "min_episodes" in binding
+            else f"field practice is at least {min_eps} across the task distribution"
         )
-    if rate is None and min_rate > 0:
+        if power and "min_episodes" not in binding:
+            text += ": " + power["text"] + "; set policy.min_episodes in the gate file to make the minimum binding"
+        (reasons if "min_episodes" in binding else warnings_).append(text)
+    if rate is None and "min_success_rate" in binding and min_rate > 0:
         reasons.append(
-            f"the simulator success rate is unknown ({success['known']} of {n} episodes report success); the gate requires "
-            f"at least {min_rate:.0%}: pass --success module:callable, or use an env whose info has 'is_success'"
+            f"the simulator success rate is unknown ({success['known']} of {n} episodes report success); the gate "
+            f"file requires at least {min_rate:.0%}: pass --success module:callable, or use an env whose info has "
+            "'is_success'"
         )
     elif rate is not None and rate < min_rate:
         reasons.append(
@@ -348,13 +374,49 @@ def policy_gate(gate_policy: dict, n: int, success: dict, exploit_flag: bool) ->
             "the policy's simulator returns significantly exceed what the model of reality gives it from the "
             "same initial conditions: its success relies on the simulator"
         )
+    evaluated = rate is not None or "min_success_rate" in binding
     return {
         "min_episodes": min_eps,
         "min_success_rate": min_rate,
+        "binding": sorted(binding),
         "episodes": n,
         "success_rate": rate,
+        "success_evaluated": evaluated,
         "passed": not reasons,
         "reasons": reasons,
+        "warnings": warnings_,
+        "power": power,
+    }
+
+
+def gate_power(diff: np.ndarray, margin: np.ndarray, alpha: float, success: dict, n: int) -> dict:
+    """What `n` recorded episodes can resolve, from this check's own data: the smallest mean excess of
+    simulator over model returns, beyond the model's resolution, that the one-sided exploitation test
+    finds with 80 % power at `alpha` (normal approximation, the spread of the paired differences), and
+    the half-width of the success rate's 95 % Wilson interval."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf
+    m = len(diff)
+    sd = float(np.std(diff - margin, ddof=1)) if m > 1 else float("nan")
+    mde = (z(1 - alpha) + z(0.8)) * sd / math.sqrt(m) if m > 1 else None
+    rate, half = success["simulator_rate"], None
+    if rate is not None and n > 0:
+        k = success["known"] or n
+        q = z(0.975)
+        half = q * math.sqrt(rate * (1 - rate) / k + q * q / (4 * k * k)) / (1 + q * q / k)
+    parts = []
+    if mde is not None and math.isfinite(mde):
+        parts.append(
+            f"a return excess smaller than {mde:.3g} per episode (80% power at alpha {alpha:g}, {m} paired episodes) "
+            "would go unseen"
+        )
+    if half is not None:
+        parts.append(f"the success rate is known to +-{half:.1%} (95% interval)")
+    return {
+        "min_detectable_return_excess": _r(mde),
+        "success_rate_halfwidth": _r(half),
+        "text": " and ".join(parts) if parts else "the recorded episodes give no measure of power",
     }
 
 

@@ -27,6 +27,7 @@ import torch
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
+from wmcheck.datasets.progress import progress
 from wmcheck.datasets.record import SpaceCodec
 from wmcheck.datasets.windows import Batch, episode_steps
 from wmcheck.worldmodel.rssm import State
@@ -98,7 +99,8 @@ def closed_loop(
     rows = [(i, s) for i in range(n) for s in range(S)]
     torch.manual_seed(cfg.seed)
     model.eval()
-    for c0 in range(0, len(rows), cfg.chunk):
+    starts = range(0, len(rows), cfg.chunk)
+    for c0 in progress(starts, len(starts), f"policy in the model ({n} episodes x {S} rollouts)"):
         chunk = rows[c0 : c0 + cfg.chunk]
         out = _rollout_chunk(model, norm, [episodes[i] for i, _ in chunk], policy, codec, env, context)
         Tc = out[0].shape[1]  # this chunk's longest episode (+1): the rest stays padding

@@ -660,6 +660,8 @@ def message(
                 "reported, not failing (set tolerances.distribution.min_coverage in the gate to make coverage binding)."
             )
         parts.append(power_sentence(power, levels.alpha))
+    if policy is not None:
+        parts.extend(policy_gate_notes(policy["gate"]))
     if dec.top_gap != "none":
         parts.append(f"Top gap: {dec.top_gap} ({rows[dec.top_gap]['explanation']}).")
     elif dec.confounded:
@@ -667,6 +669,16 @@ def message(
     elif dec.verdict == "fail" and {"episodes", "pooled"} & set(dec.failing):
         parts.append(unattributed_sentence(ev, rows))
     return " ".join(parts)
+
+
+def policy_gate_notes(gate: dict) -> list[str]:
+    """The policy gate's sentences that do not fail the run: the warnings, and success not evaluated."""
+    notes = [f"Policy gate warning: {w}." for w in gate.get("warnings", [])]
+    if not gate.get("success_evaluated", True):
+        notes.append(
+            "The policy's success rate is not evaluated: the env reports no success and no --success rule was given."
+        )
+    return notes
 
 
 def unattributed_sentence(ev: CheckEvidence, rows: dict) -> str:

@@ -171,17 +171,28 @@ def _policy_html(report: dict) -> str:
         return f"<span class='dot' style='background:{COLORS['absent' if ok else 'present']}'></span>{'met' if ok else 'not met'}"
 
     rate = "unknown" if g["success_rate"] is None else f"{g['success_rate']:.1%}"
+    binding = g.get("binding", ["min_episodes", "min_success_rate"])
+
+    def advisory(ok: bool, key: str) -> str:  # a default the gate file does not set warns, it does not fail
+        if ok or key in binding:
+            return status(ok)
+        return f"<span class='dot' style='background:{COLORS['tolerated']}'></span>warning (default, not binding)"
+
+    success_status = (
+        status(g["success_rate"] is not None and g["success_rate"] >= g["min_success_rate"])
+        if g.get("success_evaluated", True)
+        else f"<span class='dot' style='background:{COLORS['not_checked']}'></span>not evaluated"
+    )
     gate_rows = (
         f"<tr><td>simulator episodes</td><td>{g['episodes']}</td><td>&ge; {g['min_episodes']}</td>"
-        f"<td>{status(g['episodes'] >= g['min_episodes'])}</td></tr>"
+        f"<td>{advisory(g['episodes'] >= g['min_episodes'], 'min_episodes')}</td></tr>"
         f"<tr><td>simulator success rate ({e(str(sc['source'] or 'no success source'))})</td><td>{rate}</td>"
-        f"<td>&ge; {g['min_success_rate']:.0%}</td>"
-        f"<td>{status(g['success_rate'] is not None and g['success_rate'] >= g['min_success_rate'])}</td></tr>"
+        f"<td>&ge; {g['min_success_rate']:.0%}</td><td>{success_status}</td></tr>"
         "<tr><td>exploitation of the simulator</td>"
         f"<td>{'flagged' if x['flag'] else 'not flagged'} (p = {_fmt(x['p_value'])})</td><td>not flagged</td>"
         f"<td>{status(not x['flag'])}</td></tr>"
     )
-    reasons = "".join(f"<li>{e(t)}</li>" for t in g["reasons"])
+    reasons = "".join(f"<li>{e(t)}</li>" for t in g["reasons"] + g.get("warnings", []))
     ch_rows = "".join(
         f"<tr><td>{e(ch['name'])}</td><td>{e(_fmt(ch['simulator_q05_q50_q95']))}</td>"
         f"<td>{e(_fmt(ch['model_q05_q50_q95']))}</td>"

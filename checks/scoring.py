@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from wmcheck.checks.blocks import Blocks
+from wmcheck.datasets.progress import progress
 from wmcheck.training.conformal import Z_LEVEL
 
 
@@ -157,7 +158,8 @@ def score_blocks(
     parts: dict[str, list] = {f.name: [] for f in fields(BlockScores)}
     model.eval()
     with torch.no_grad():
-        for _, b in blocks.torch_chunks(chunk):
+        chunks = progress(blocks.torch_chunks(chunk), -(-len(blocks) // chunk), f"scoring {len(blocks)} blocks")
+        for _, b in chunks:
             s = model.scores(b)
             ol = model.openloop(b, C, samples=samples)
             draws, mean, truth = ol["samples"], ol["mean"], ol["truth"]  # (S, n, H, D), (n, H, D)

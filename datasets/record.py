@@ -1,6 +1,7 @@
 """Recording gymnasium environments into episodes: simulator rollouts under a chosen policy.
 
-Owns: making the environment (a registered id such as "Pendulum-v1", or "module:Class"), making the
+Owns: making the environment (a registered id such as "Pendulum-v1", "module:Class", or a
+gymnasium `Env` instance from Python, which stays the caller's: we never close it), making the
 policy from a spec, stepping episodes and turning them into `Episode`s in the log's row convention
 (N+1 observations, N actions/rewards/flags), and the file metadata (`dt`, channel names).
 
@@ -10,8 +11,18 @@ Policies (`make_policy`):
   input, the classic exciting signal for system identification (it shows step responses and
   settling, which white-noise actions at every step hide);
 - "module:callable": `callable(observation) -> action`, imported from an importable module;
+- "module:model": an object with `.predict(observation, deterministic=True) -> (action, state)`,
+  a Stable-Baselines3 model or anything shaped like one; "module:model.predict" works too (the
+  state half of the returned pair is dropped, as it is for any callable returning `(array, None)`);
+- "path.zip": a Stable-Baselines3 model file, loaded by SB3 itself (`<Algorithm>.load`, trying
+  PPO, A2C, SAC, TD3, DDPG and DQN in turn: prediction uses only the stored policy network, so the
+  first algorithm that loads the file predicts as the one that saved it). SB3's loader unpickles
+  the class references it stored, so load only zips you trust;
 - "path.pt": a TorchScript module (`torch.jit.load`) called with the (D,) float32 observation
-  tensor, returning the action (for Discrete actions: one value per class, the largest wins).
+  tensor, or with a (1, D) batch when the module refuses the unbatched one (as modules traced
+  with a batch dimension do, e.g. by SB3's export recipe); the output's batch dimension is
+  dropped and a tuple output gives its first element (for Discrete actions: one value per
+  class, the largest wins).
 Box observations and actions are flattened to float32; Discrete actions are stored one-hot (K
 columns). Other spaces are refused with an error naming them.
 
@@ -34,6 +45,7 @@ the same way, so one episode can be reproduced on its own. `dt` comes from `env.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import math
@@ -48,6 +60,7 @@ import numpy as np
 
 from wmcheck.datasets.episode import Episode, LogMeta
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.progress import progress
 
 PolicyFn = Callable[[np.ndarray], Any]
 SuccessFn = Callable[[Episode, dict], Any]
@@ -62,10 +75,40 @@ class Outcome:
     source: str | None  # "callable" | "info:is_success" | "info:success" | None
 
 
+def is_env(obj) -> bool:
+    """True for a gymnasium `Env` instance (or anything with reset/step and both spaces)."""
+    return all(hasattr(obj, a) for a in ("reset", "step", "observation_space", "action_space"))
+
+
+def env_name(env) -> str:
+    """What reports call an env: the id string itself, else an instance's registered id, else its class."""
+    if isinstance(env, str):
+        return env
+    spec = getattr(env, "spec", None)
+    return spec.id if spec is not None else type(getattr(env, "unwrapped", env)).__name__
+
+
+@contextlib.contextmanager
+def opened_env(env: str | Any, env_kwargs: dict | None = None):
+    """The env to step: made from an id (and closed afterwards), or the caller's instance (left open)."""
+    if is_env(env):
+        if env_kwargs:
+            raise UserError("env_kwargs apply to an env id, not to an Env instance", "make the instance with them")
+        yield env
+        return
+    made = make_env(env, env_kwargs)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
 def make_env(env_id: str, env_kwargs: dict | None = None):
     """A gymnasium env from a registered id or "module:Class"; UserError if it cannot be made."""
     import gymnasium as gym
 
+    if not isinstance(env_id, str):
+        raise UserError(f"{env_id!r} is not an environment id", 'give a gymnasium id such as "Pendulum-v1"')
     kwargs = dict(env_kwargs or {})
     if ":" in env_id and env_id.split(":", 1)[0] and env_id not in gym.registry:
         mod_name, _, cls_name = env_id.partition(":")
@@ -182,6 +225,9 @@ class _Random:
 
 
 class _TorchScript:
+    """A TorchScript policy; whether it takes an unbatched (D,) or a batched (1, D) observation is
+    found at the first call and kept."""
+
     def __init__(self, path: Path):
         import torch
 
@@ -191,18 +237,122 @@ class _TorchScript:
             raise UserError(
                 f"{path} is not a TorchScript module: {exc}", "save the policy with torch.jit.script(policy).save(path)"
             ) from None
-        self.torch = torch
+        self.torch, self.path, self.batched = torch, path, None  # None: not called yet
 
     def __call__(self, obs):
+        x = self.torch.as_tensor(np.asarray(obs, np.float32).reshape(-1))  # (D,)
         with self.torch.no_grad():
-            out = self.module(self.torch.as_tensor(np.asarray(obs, np.float32).reshape(-1)))
-        return out.detach().cpu().numpy()
+            if self.batched is None:
+                self.batched = self._needs_batch(x)
+            out = self.module(x[None] if self.batched else x)  # (1, A) | (A,)
+        out = out[0] if isinstance(out, (tuple, list)) else out  # (actions, values, log_prob) exports
+        out = out.detach().cpu().numpy()
+        return out[0] if self.batched and out.ndim > 1 else out
+
+    def _needs_batch(self, x) -> bool:
+        try:
+            self.module(x)
+            return False
+        except (RuntimeError, IndexError, ValueError) as unbatched:  # TorchScript raises RuntimeError subclasses
+            try:
+                self.module(x[None])
+            except (RuntimeError, IndexError, ValueError):
+                raise UserError(
+                    f"the TorchScript policy {self.path} fails on a ({x.numel()},) observation and on a "
+                    f"(1, {x.numel()}) batch: {_first_line(unbatched)}",
+                    "export a module taking the flattened float32 observation, with or without a batch dimension",
+                ) from None
+            return True
+
+
+_SB3_ALGORITHMS = ("PPO", "A2C", "SAC", "TD3", "DDPG", "DQN")
+
+
+def _load_sb3(path: Path):
+    """A Stable-Baselines3 model from its .zip, loaded by SB3 (module docstring)."""
+    try:
+        import stable_baselines3 as sb3
+    except ImportError:
+        raise UserError(
+            f"{path} looks like a Stable-Baselines3 model, but stable-baselines3 is not installed",
+            "pip install stable-baselines3, or export the policy with torch.jit and pass the .pt file",
+        ) from None
+    failures = []
+    for name in _SB3_ALGORITHMS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SB3 warns about schedules it cannot restore; predict needs none
+                return getattr(sb3, name).load(str(path), device="cpu")
+        except Exception as exc:  # a file of another algorithm, or no SB3 file at all
+            failures.append(f"{name}: {_first_line(exc)}")
+    raise UserError(
+        f"{path} could not be loaded by Stable-Baselines3 ({'; '.join(failures[:2])}; ...)",
+        "give a model saved with model.save(path) by one of "
+        + ", ".join(_SB3_ALGORITHMS)
+        + ", or import it yourself and pass module:model",
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class _Predicting:
+    """An object with `.predict(obs, deterministic=True) -> (action, state)` (an SB3 model) as a policy."""
+
+    def __init__(self, predict: Callable):
+        self.predict = predict
+
+    def __call__(self, obs):
+        try:
+            out = self.predict(obs, deterministic=True)
+        except TypeError:  # a predict without the keyword
+            out = self.predict(obs)
+        return _action_of(out)
+
+
+class _Returning:
+    """A plain callable policy whose `(action, state)` pairs are reduced to the action."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        if hasattr(fn, "reset"):
+            self.reset = fn.reset
+
+    def __call__(self, obs):
+        return _action_of(self.fn(obs))
+
+
+def _action_of(out):
+    """The action of a policy's output: `(array, None)` / `(array, state tuple)` (SB3's predict) give
+    the array; anything else is the action itself."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], np.ndarray):
+        if out[1] is None or isinstance(out[1], tuple):
+            return out[0]
+    return out
+
+
+def _as_policy(obj, spec: str) -> PolicyFn:
+    """A user object as a policy: a predictor (has `.predict`, not callable), a `predict` method, or
+    a callable."""
+    if not callable(obj) and callable(getattr(obj, "predict", None)):
+        return _Predicting(obj.predict)
+    if callable(obj) and getattr(obj, "__name__", None) == "predict" and hasattr(obj, "__self__"):
+        return _Predicting(obj)
+    if callable(obj):
+        return _Returning(obj)
+    raise UserError(
+        f"{spec} is neither callable nor has a .predict method",
+        "point at a function taking an observation and returning an action, or at a model with .predict",
+    )
 
 
 def make_policy(spec: str | PolicyFn, env) -> PolicyFn:
-    """A policy from its spec (see the module docstring). Callables pass through."""
-    if callable(spec):
-        return spec
+    """A policy from its spec (see the module docstring). Python objects (callables, SB3 models) are
+    wrapped so that their `(action, state)` outputs become actions."""
+    if not isinstance(spec, str):
+        return _as_policy(spec, repr(spec))
     if spec == "random":
         return _Random(env.action_space)
     if spec.startswith("hold:"):
@@ -213,17 +363,21 @@ def make_policy(spec: str | PolicyFn, env) -> PolicyFn:
         if k < 1:
             raise UserError(f"--policy {spec}: K must be a whole number >= 1", "e.g. --policy hold:10")
         return _Random(env.action_space, hold=k)
+    if spec.endswith(".zip"):
+        if not Path(spec).is_file():
+            raise UserError(f"policy file {spec} does not exist", "check the path")
+        return _Predicting(_load_sb3(Path(spec)).predict)
     if spec.endswith((".pt", ".pth", ".ts")) or Path(spec).is_file():
         if not Path(spec).is_file():
             raise UserError(f"policy file {spec} does not exist", "check the path")
         return _TorchScript(Path(spec))
     if ":" in spec:
         mod_name, _, attr = spec.partition(":")
-        fn = _import_attr(mod_name, attr, "policy", spec)
-        if not callable(fn):
-            raise UserError(f"{spec} is not callable", "point at a function taking an observation, returning an action")
-        return fn
-    raise UserError(f"unknown policy {spec!r}", "use random, hold:K, module:callable or a TorchScript .pt file")
+        return _as_policy(_import_attr(mod_name, attr, "policy", spec), spec)
+    raise UserError(
+        f"unknown policy {spec!r}",
+        "use random, hold:K, module:callable, module:model (an SB3 model), an SB3 .zip or a TorchScript .pt file",
+    )
 
 
 def make_success(spec: str | SuccessFn | None) -> SuccessFn | None:
@@ -343,7 +497,7 @@ class Recorder:
 
     def __init__(
         self,
-        env_id: str,
+        env_id: str | Any,
         policy: str | PolicyFn = "random",
         seed: int = 0,
         env_kwargs: dict | None = None,
@@ -354,11 +508,22 @@ class Recorder:
     ):
         if max_steps is not None and max_steps < 1:
             raise UserError(f"max_steps must be >= 1, got {max_steps}", "e.g. --max-steps 200")
-        self.env_id = env_id
+        self.env_id = env_name(env_id)
         self.render = None if render is None else (int(render[0]), int(render[1]))
-        self.env = (
-            make_env(env_id, env_kwargs) if self.render is None else make_render_env(env_id, env_kwargs, self.render)
-        )
+        self.owns_env = not is_env(env_id)  # an Env instance stays the caller's: never closed here
+        if not self.owns_env:
+            self.env = env_id
+            if env_kwargs:
+                raise UserError("env_kwargs apply to an env id, not to an Env instance", "make the instance with them")
+            if self.render and getattr(self.env, "render_mode", None) != "rgb_array":
+                raise UserError(
+                    f"{self.env_id} was made with render_mode {getattr(self.env, 'render_mode', None)!r}",
+                    'make the env with render_mode="rgb_array" to record its frames',
+                )
+        elif self.render is None:
+            self.env = make_env(env_id, env_kwargs)
+        else:
+            self.env = make_render_env(env_id, env_kwargs, self.render)
         try:
             self.codec = SpaceCodec.for_env(self.env)
             self.policy = make_policy(policy, self.env)
@@ -379,7 +544,7 @@ class Recorder:
                 self.env.reset(seed=0)
                 self._frame()
         except BaseException:
-            self.env.close()
+            self.close()
             raise
         if self.dt_warning:
             warnings.warn(self.dt_warning, stacklevel=2)
@@ -462,7 +627,8 @@ class Recorder:
         return resize_frame(frame, self.render)
 
     def close(self) -> None:
-        self.env.close()
+        if self.owns_env:
+            self.env.close()
 
     def __enter__(self) -> Recorder:
         return self
@@ -472,7 +638,7 @@ class Recorder:
 
 
 def record_episodes(
-    env_id: str,
+    env_id: str | Any,
     policy: str | PolicyFn = "random",
     episodes: int = 1,
     max_steps: int | None = None,
@@ -489,7 +655,7 @@ def record_episodes(
 
 def record_to_log(
     path,
-    env_id: str,
+    env_id: str | Any,
     policy: str | PolicyFn = "random",
     episodes: int = 1,
     max_steps: int | None = None,
@@ -511,7 +677,7 @@ def record_to_log(
     with Recorder(env_id, policy, seed, env_kwargs, max_steps, success, render, shadow) as rec:
         meta = rec.meta(source)
         with LogWriter(path, meta) as writer:
-            for ep in rec.episodes(episodes):
+            for ep in progress(rec.episodes(episodes), episodes, f"recording {rec.env_id}"):
                 writer.add(ep)
                 steps += ep.num_steps
         if outcomes is not None:

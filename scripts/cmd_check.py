@@ -24,8 +24,9 @@ def register(sub) -> None:
         ),
         epilog="gate file keys: alpha, score_alpha{score: p}, tolerances{gap: {...}}, allow_unverifiable, "
         "require_power[latency, actuator, sensor_noise, sensor_bias], "
-        "policy{min_episodes (default 1000), min_success_rate (default 0.85)}: a policy check with fewer "
-        "simulator episodes or a lower simulator success rate fails",
+        "policy{min_episodes (default 1000), min_success_rate (default 0.85)}: a policy check with a lower "
+        "simulator success rate fails (not evaluated where the env defines no success); fewer episodes warn "
+        "unless the gate file sets min_episodes",
     )
     p.add_argument("run_dir", type=Path, metavar="RUNDIR", help="run directory with model.pt and calibration")
     p.add_argument(
@@ -34,8 +35,9 @@ def register(sub) -> None:
     p.add_argument("--env", help="gymnasium env id (or module:Class) to record rollouts from, with --policy")
     p.add_argument(
         "--policy",
-        help="policy for --env: random, hold:K, module:callable or a TorchScript file; a "
-        "module:callable or TorchScript policy is also run closed loop inside the world model (policy check)",
+        help="policy for --env: random, hold:K, module:callable, module:model (an object with .predict, e.g. "
+        "a Stable-Baselines3 model), a Stable-Baselines3 .zip or a TorchScript file; any but random and hold:K "
+        "is also run closed loop inside the world model (policy check) (default: random)",
     )
     p.add_argument(
         "--success",
@@ -105,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
             "add --env ENV_ID, or check recorded rollouts with --rollouts alone",
         )
     if args.success and not (args.policy and is_policy(args.policy)):
-        raise UserError("--success applies to a policy check", "give --policy module:callable (or a TorchScript file)")
+        raise UserError(
+            "--success applies to a policy check",
+            "give --policy module:callable (or an SB3 model or a TorchScript file)",
+        )
     if args.policy_samples < 2:
         raise UserError(f"--policy-samples must be >= 2, got {args.policy_samples}", "e.g. --policy-samples 8")
     if args.env:
@@ -117,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         episodes = (
             args.episodes
             if args.episodes is not None
-            else (int(gate.policy["min_episodes"]) if checking_policy else 20)
+            else (int(gate.policy_requirement("min_episodes")) if checking_policy else 20)
         )
         outcomes: dict = {}
         record_to_log(

@@ -2,7 +2,7 @@
 
 ENV is a registered gymnasium id (Pendulum-v1, HalfCheetah-v5, ...) or module:Class. The policy is
 random, hold:K (a random action held for K steps, an exciting input for system identification),
-module:callable, or a TorchScript file. Episodes are written one at a time (atomic file).
+module:callable, a Stable-Baselines3 model (module:model or a .zip), or a TorchScript file. Episodes are written one at a time (atomic file).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def register(subparsers) -> None:
             "actions, rewards, terminations, truncations, the seed of each episode (seed + index) "
             "and the step period dt. Policies: random (uniform samples), hold:K (a random action "
             "held for K steps: a piecewise-constant input that excites the dynamics for system "
-            "identification), module:callable (observation -> action), or a TorchScript .pt file."
+            "identification), module:callable (observation -> action), module:model (an object with "
+            ".predict, e.g. a Stable-Baselines3 model), a Stable-Baselines3 .zip, or a TorchScript .pt file."
         ),
         epilog="example: wmcheck record Pendulum-v1 --out pendulum.h5 --episodes 20 --policy hold:5",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -38,7 +39,11 @@ def register(subparsers) -> None:
         "--max-steps", type=int, metavar="M", help="cut episodes after M steps (default: the env's time limit)"
     )
     p.add_argument("--env-kwargs", metavar="JSON", help="keyword arguments for the env, e.g. '{\"g\": 9.81}'")
-    p.add_argument("--policy", default="random", help="random | hold:K | module:callable | path.pt")
+    p.add_argument(
+        "--policy",
+        default="random",
+        help="random | hold:K | module:callable | module:model (has .predict) | sb3.zip | path.pt",
+    )
     p.add_argument("--seed", type=int, default=0, help="episode i is reset with seed + i")
     p.add_argument(
         "--shadow",

@@ -16,11 +16,12 @@ import json
 from pathlib import Path
 
 import browser
+import numpy as np
 import pytest
 
 from wmcheck.checks.check import run_check
 from wmcheck.checks.config import POLICY_GATE_DEFAULTS, Gate
-from wmcheck.checks.policy_check import PolicyRun, policy_gate
+from wmcheck.checks.policy_check import PolicyRun, gate_power, policy_gate
 from wmcheck.checks.reality import RealityProfile, reality_env_args, record_reality
 from wmcheck.checks.report_write import schema, write_outputs
 from wmcheck.datasets.episode import LogMeta
@@ -172,24 +173,50 @@ def test_simulator_artefact_exploitation_flagged(lighter_report, tmp_path):
 
 def test_policy_gate_requirements():
     success = {"simulator_rate": 0.9, "successes": 900, "known": 1000}
+    none = {"simulator_rate": None, "successes": 0, "known": 0}
     assert policy_gate({}, 1000, success, False)["passed"]  # field practice: defaults met
-    few = policy_gate({}, 999, success, False)
-    assert not few["passed"] and "at least 1000" in few["reasons"][0]
+    # the default episode minimum warns, with the power the episodes buy; set in the gate file it binds
+    power = {"text": "a return excess smaller than 3 per episode would go unseen"}
+    few = policy_gate({}, 999, success, False, power)
+    assert few["passed"] and not few["reasons"] and "1000" in few["warnings"][0] and "unseen" in few["warnings"][0]
+    binding = policy_gate({"min_episodes": 1000}, 999, success, False, power)
+    assert not binding["passed"] and "at least 1000" in binding["reasons"][0] and binding["binding"] == ["min_episodes"]
+    # a low success rate fails where success is defined, by default or by the gate file
+    assert not policy_gate({}, 1000, {"simulator_rate": 0.5, "successes": 500, "known": 1000}, False)["passed"]
     low = policy_gate({"min_success_rate": 0.95}, 1000, success, False)
     assert not low["passed"] and "90.0%" in low["reasons"][0] and "95%" in low["reasons"][0]
-    unknown = policy_gate({"min_episodes": 5}, 10, {"simulator_rate": None, "successes": 0, "known": 0}, False)
-    assert not unknown["passed"] and "--success" in unknown["reasons"][0]
-    assert policy_gate(
-        {"min_episodes": 5, "min_success_rate": 0.0}, 10, {"simulator_rate": None, "successes": 0, "known": 0}, False
-    )["passed"]
+    # no success signal: not evaluated under the default, a failure when the gate file asks for a rate
+    unknown = policy_gate({"min_episodes": 5}, 10, none, False)
+    assert unknown["passed"] and not unknown["success_evaluated"]
+    required = policy_gate({"min_success_rate": 0.85}, 10, none, False)
+    assert not required["passed"] and "--success" in required["reasons"][0] and required["success_evaluated"]
+    assert policy_gate({"min_success_rate": 0.0}, 10, none, False)["passed"]
     assert not policy_gate({"min_episodes": 5}, 10, success, True)["passed"]
-    assert Gate().policy == POLICY_GATE_DEFAULTS == {"min_episodes": 1000, "min_success_rate": 0.85}
+    assert Gate().policy == {} and POLICY_GATE_DEFAULTS == {"min_episodes": 1000, "min_success_rate": 0.85}
+    assert Gate().policy_requirement("min_episodes") == 1000
+
+
+def test_gate_power_is_measured():
+    # The smallest detectable excess shrinks as 1/sqrt(n) and grows with the spread of the differences;
+    # the success interval is Wilson's (at p = 0.5, n = 100: +-9.6%).
+    rng = np.random.default_rng(0)
+    d = rng.normal(0, 1, 400)
+    p100 = gate_power(d[:100], np.zeros(100), 0.05, {"simulator_rate": 0.5, "known": 100}, 100)
+    p400 = gate_power(d, np.zeros(400), 0.05, {"simulator_rate": 0.5, "known": 400}, 400)
+    ratio = p100["min_detectable_return_excess"] / p400["min_detectable_return_excess"]
+    assert 1.8 < ratio < 2.2, ratio
+    assert abs(p100["min_detectable_return_excess"] - 2.486 * np.std(d[:100], ddof=1) / 10) < 1e-3
+    assert abs(p100["success_rate_halfwidth"] - 0.0962) < 2e-3
+    wide = gate_power(3 * d[:100], np.zeros(100), 0.05, {"simulator_rate": None, "known": 0}, 100)
+    assert wide["min_detectable_return_excess"] > 2.5 * p100["min_detectable_return_excess"]
+    assert wide["success_rate_halfwidth"] is None and "unseen" in wide["text"]
 
 
 def test_gate_file_policy_keys(tmp_path):
     good = tmp_path / "g.yaml"
     good.write_text("policy: {min_episodes: 5}\n")
-    assert Gate.load(good).policy == {"min_episodes": 5, "min_success_rate": 0.85}
+    assert Gate.load(good).policy == {"min_episodes": 5}  # only what the file sets binds
+    assert Gate.load(good).policy_requirement("min_success_rate") == 0.85
     for text, match in (
         ("policy: {min_episodes: 0}\n", "min_episodes"),
         ("policy: {min_success_rate: 1.5}\n", "min_success_rate"),
@@ -229,7 +256,10 @@ def test_default_gate_fails_few_episodes_and_low_success_cli(swing_reality, tmp_
     assert code == 1 and report["exit_code"] == 1 and report["verdict"] == "fail"
     assert report["policy"]["success"]["source"] == "info:is_success"
     assert g["episodes"] == 3 and g["success_rate"] == 0.0 and not g["passed"]
-    assert any("at least 1000" in r for r in g["reasons"]) and any("85%" in r for r in g["reasons"])
+    assert any("85%" in r for r in g["reasons"]) and not any("1000" in r for r in g["reasons"])
+    # too few episodes under the default minimum: a warning naming what 3 episodes can resolve
+    assert any("field practice is at least 1000" in w and "unseen" in w for w in g["warnings"]), g["warnings"]
+    assert "Policy gate warning" in report["summary"]["message"]
     assert "policy gate is not met" in report["summary"]["message"]
 
 
