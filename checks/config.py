@@ -299,11 +299,16 @@ class Gate:
             raise UserError(
                 f"gate file {path} must hold a mapping", "write keys such as alpha:, tolerances:, allow_unverifiable:"
             )
+        return cls.from_mapping(data, str(path))
+
+    @classmethod
+    def from_mapping(cls, data: dict, source: str) -> Gate:
+        """A gate from its keys (a parsed gate file, or a dict from Python); unknown keys are errors."""
         known = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise UserError(f"gate file {path} has unknown keys {unknown}", f"accepted keys: {known}")
-        return cls(**data, source=str(path))
+            raise UserError(f"gate file {source} has unknown keys {unknown}", f"accepted keys: {known}")
+        return cls(**data, source=source)
 
 
 def _read_mapping_file(path: Path):
