@@ -32,16 +32,14 @@ def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix or ".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; outputs get the usual permissions
+    os.chmod(tmp_path, 0o666 & ~current_umask())  # mkstemp makes 0600; outputs get the usual permissions
     try:
         yield tmp_path
         if tmp_path.is_file():
             with open(tmp_path, "rb+") as f:
                 os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp_path, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except BaseException as exc:
         room = write_room(tmp_path)  # before the unlink: the partial file counts against a size limit
         with contextlib.suppress(FileNotFoundError):
@@ -88,7 +86,14 @@ def write_text_atomic(target: str | os.PathLike, text: str) -> None:
         tmp.write_text(text)
 
 
-def _fsync_dir(folder: Path) -> None:
+def current_umask() -> int:
+    """The process's umask (reading it means setting it, so it is set back at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_dir(folder: Path) -> None:
     """Make a rename in `folder` durable (best effort: not every platform can open a folder)."""
     try:
         fd = os.open(folder, os.O_RDONLY)

@@ -51,6 +51,12 @@ class Interrupted(Exception):
 # What a failed write says when the disk is full, a quota is reached or the file-size limit
 # (`ulimit -f`) is hit: the OS error numbers, and the words HDF5 and PyTorch put in their own
 # exceptions (they do not carry the errno; HDF5's message names it as "errno = 28").
+def first_line(exc: BaseException) -> str:
+    """An exception as one short line for a message: its type and the first line of its text."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
 _NO_SPACE_ERRNOS = {28, 27, 122}  # ENOSPC, EFBIG, EDQUOT (Linux)
 _NO_SPACE_WORDS = (
     "no space left on device",

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import inspect
 import math
 import os
 import warnings
@@ -59,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from wmcheck.datasets.episode import Episode, LogMeta
-from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.errors import UserError, first_line
 from wmcheck.datasets.progress import progress
 
 PolicyFn = Callable[[np.ndarray], Any]
@@ -89,14 +90,20 @@ def env_name(env) -> str:
 
 
 @contextlib.contextmanager
-def opened_env(env: str | Any, env_kwargs: dict | None = None):
-    """The env to step: made from an id (and closed afterwards), or the caller's instance (left open)."""
+def opened_env(env: str | Any, env_kwargs: dict | None = None, render: tuple[int, int] | None = None):
+    """The env to step: made from an id (rendering frames of size `render` when given) and closed
+    afterwards, or the caller's instance, checked and left open."""
     if is_env(env):
         if env_kwargs:
             raise UserError("env_kwargs apply to an env id, not to an Env instance", "make the instance with them")
+        if render and getattr(env, "render_mode", None) != "rgb_array":
+            raise UserError(
+                f"{env_name(env)} was made with render_mode {getattr(env, 'render_mode', None)!r}",
+                'make the env with render_mode="rgb_array" to record its frames',
+            )
         yield env
         return
-    made = make_env(env, env_kwargs)
+    made = make_env(env, env_kwargs) if render is None else make_render_env(env, env_kwargs, render)
     try:
         yield made
     finally:
@@ -259,7 +266,7 @@ class _TorchScript:
             except (RuntimeError, IndexError, ValueError):
                 raise UserError(
                     f"the TorchScript policy {self.path} fails on a ({x.numel()},) observation and on a "
-                    f"(1, {x.numel()}) batch: {_first_line(unbatched)}",
+                    f"(1, {x.numel()}) batch: {first_line(unbatched)}",
                     "export a module taking the flattened float32 observation, with or without a batch dimension",
                 ) from None
             return True
@@ -284,7 +291,7 @@ def _load_sb3(path: Path):
                 warnings.simplefilter("ignore")  # SB3 warns about schedules it cannot restore; predict needs none
                 return getattr(sb3, name).load(str(path), device="cpu")
         except Exception as exc:  # a file of another algorithm, or no SB3 file at all
-            failures.append(f"{name}: {_first_line(exc)}")
+            failures.append(f"{name}: {first_line(exc)}")
     raise UserError(
         f"{path} could not be loaded by Stable-Baselines3 ({'; '.join(failures[:2])}; ...)",
         "give a model saved with model.save(path) by one of "
@@ -293,23 +300,23 @@ def _load_sb3(path: Path):
     )
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 class _Predicting:
     """An object with `.predict(obs, deterministic=True) -> (action, state)` (an SB3 model) as a policy."""
 
     def __init__(self, predict: Callable):
         self.predict = predict
+        self.kwargs = {"deterministic": True} if _takes_keyword(predict, "deterministic") else {}
 
     def __call__(self, obs):
-        try:
-            out = self.predict(obs, deterministic=True)
-        except TypeError:  # a predict without the keyword
-            out = self.predict(obs)
-        return _action_of(out)
+        return _action_of(self.predict(obs, **self.kwargs))
+
+
+def _takes_keyword(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: call it plainly
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
 class _Returning:
@@ -510,20 +517,8 @@ class Recorder:
             raise UserError(f"max_steps must be >= 1, got {max_steps}", "e.g. --max-steps 200")
         self.env_id = env_name(env_id)
         self.render = None if render is None else (int(render[0]), int(render[1]))
-        self.owns_env = not is_env(env_id)  # an Env instance stays the caller's: never closed here
-        if not self.owns_env:
-            self.env = env_id
-            if env_kwargs:
-                raise UserError("env_kwargs apply to an env id, not to an Env instance", "make the instance with them")
-            if self.render and getattr(self.env, "render_mode", None) != "rgb_array":
-                raise UserError(
-                    f"{self.env_id} was made with render_mode {getattr(self.env, 'render_mode', None)!r}",
-                    'make the env with render_mode="rgb_array" to record its frames',
-                )
-        elif self.render is None:
-            self.env = make_env(env_id, env_kwargs)
-        else:
-            self.env = make_render_env(env_id, env_kwargs, self.render)
+        self._env = contextlib.ExitStack()  # closes the env if we made it (opened_env)
+        self.env = self._env.enter_context(opened_env(env_id, env_kwargs, self.render))
         try:
             self.codec = SpaceCodec.for_env(self.env)
             self.policy = make_policy(policy, self.env)
@@ -533,7 +528,7 @@ class Recorder:
             self.outcomes: dict[int, Outcome] = {}
             limit = self.env.spec.max_episode_steps if self.env.spec is not None else None
             if max_steps is None and limit is None:
-                raise UserError(f"{env_id} has no time limit, so episodes may never end", "give --max-steps M")
+                raise UserError(f"{self.env_id} has no time limit, so episodes may never end", "give --max-steps M")
             self.seed, self.max_steps = int(seed), max_steps
             self.dt, self.dt_warning = env_dt(self.env)
             if self.render:
@@ -627,8 +622,7 @@ class Recorder:
         return resize_frame(frame, self.render)
 
     def close(self) -> None:
-        if self.owns_env:
-            self.env.close()
+        self._env.close()
 
     def __enter__(self) -> Recorder:
         return self

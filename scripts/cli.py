@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-from wmcheck.datasets.errors import INTERNAL_ERROR, Interrupted, UserError, out_of_space
+from wmcheck.datasets.errors import INTERNAL_ERROR, Interrupted, UserError, first_line, out_of_space
 from wmcheck.datasets.version import version
 
 # Subcommand modules, in the order `wmcheck --help` lists them. A module that is not there yet
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if out_of_space(exc):  # the outputs were being written under temporary names: none is left half-written
             print(
-                f"wmcheck {args.command}: error: could not write the output: {_first_line(exc)}\n"
+                f"wmcheck {args.command}: error: could not write the output: {first_line(exc)}\n"
                 "  fix: free disk space (or raise the file-size limit, `ulimit -f`) and run the command again; "
                 "outputs are written under temporary names and renamed, so no file under its final name is partial",
                 file=sys.stderr,
@@ -112,16 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         log = crash_log(args, traceback.format_exc())
         print(
             f"wmcheck {args.command}: internal error (a bug in wmcheck, not in your data): "
-            f"{_first_line(exc)}; "
+            f"{first_line(exc)}; "
             f"traceback written to {log}",
             file=sys.stderr,
         )
         return INTERNAL_ERROR
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def refuse_writes_instead_of_dying() -> None:

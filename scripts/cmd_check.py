@@ -91,85 +91,34 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wmcheck.checks.check import run_check
+    import wmcheck
     from wmcheck.checks.config import Gate
-    from wmcheck.checks.policy_check import PolicyRun, is_policy
-    from wmcheck.checks.report_write import write_outputs
     from wmcheck.datasets.errors import UserError
+    from wmcheck.scripts.config_args import env_kwargs_arg
 
-    gate = Gate.load(args.gate) if args.gate else Gate()
-    if args.allow_unverifiable:
-        gate.allow_unverifiable = True
-    rollouts, policy_run = args.rollouts, None
-    if (args.policy or args.success) and not args.env:
-        raise UserError(
-            "--policy and --success need --env (the simulator to run the policy in)",
-            "add --env ENV_ID, or check recorded rollouts with --rollouts alone",
-        )
-    if args.success and not (args.policy and is_policy(args.policy)):
-        raise UserError(
-            "--success applies to a policy check",
-            "give --policy module:callable (or an SB3 model or a TorchScript file)",
-        )
-    if args.policy_samples < 2:
-        raise UserError(f"--policy-samples must be >= 2, got {args.policy_samples}", "e.g. --policy-samples 8")
-    if args.env:
-        from wmcheck.datasets.record import parse_render_size, record_to_log
-
-        rollouts = args.out / "rollouts.h5"
-        kwargs = _env_kwargs(args.env_kwargs)
-        checking_policy = bool(args.policy) and is_policy(args.policy)
-        episodes = (
-            args.episodes
-            if args.episodes is not None
-            else (int(gate.policy_requirement("min_episodes")) if checking_policy else 20)
-        )
-        outcomes: dict = {}
-        record_to_log(
-            rollouts,
-            args.env,
-            args.policy or "random",
-            episodes=episodes,
-            max_steps=args.max_steps,
-            seed=args.seed,
-            env_kwargs=kwargs,
-            source="policy" if args.policy else "sim",
-            success=args.success,
-            outcomes=outcomes,
-            render=parse_render_size(args.render) if args.render else None,
-        )
-        if checking_policy:
-            policy_run = PolicyRun(args.env, args.policy, kwargs, args.success, outcomes, samples=args.policy_samples)
-    if rollouts is None:
+    if args.rollouts is None and not (args.env or args.policy or args.success):
         raise UserError("nothing to check", "pass --rollouts SIM.h5, or --env ID [--policy P] to record rollouts")
-    report = run_check(
+    report = wmcheck.check(
         args.run_dir,
-        rollouts,
-        gate,
-        command="wmcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        args.out,
+        rollouts=None if args.env else args.rollouts,  # --env records the rollouts to check
+        env=args.env,
+        policy=args.policy,
+        success=args.success,
+        episodes=args.episodes,
+        max_steps=args.max_steps,
+        env_kwargs=env_kwargs_arg(args.env_kwargs),
+        render=args.render,
+        gate=Gate.load(args.gate) if args.gate else Gate(),
+        allow_unverifiable=args.allow_unverifiable,
         seed=args.seed,
-        policy=policy_run,
+        policy_samples=args.policy_samples,
         clip_model=args.clip_model,
+        tensorboard=not args.no_tensorboard,
+        command="wmcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )
-    paths = write_outputs(report, args.out, tensorboard=not args.no_tensorboard)
-    print(report["summary"]["message"])
-    print(f"report: {paths['html']}\njson:   {paths['json']}")
-    if "tensorboard" in paths:
-        print(f"TensorBoard: tensorboard --logdir {paths['tensorboard']}")
-    return int(report["exit_code"])
-
-
-def _env_kwargs(text: str | None) -> dict | None:
-    import json
-
-    from wmcheck.datasets.errors import UserError
-
-    if not text:
-        return None
-    try:
-        kwargs = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--env-kwargs is not valid JSON: {exc}", "e.g. --env-kwargs '{\"g\": 9.81}'") from None
-    if not isinstance(kwargs, dict):
-        raise UserError(f"--env-kwargs must be a JSON object, got {text}", "e.g. --env-kwargs '{\"g\": 9.81}'")
-    return kwargs
+    print(report.message)
+    print(f"report: {report.paths['html']}\njson:   {report.paths['json']}")
+    if "tensorboard" in report.paths:
+        print(f"TensorBoard: tensorboard --logdir {report.paths['tensorboard']}")
+    return report.exit_code

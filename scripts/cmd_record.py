@@ -8,12 +8,11 @@ module:callable, a Stable-Baselines3 model (module:model or a .zip), or a TorchS
 from __future__ import annotations
 
 import argparse
-import json
 import warnings
 
 from wmcheck.datasets.episode import SOURCES
-from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.record import parse_render_size, record_to_log
+from wmcheck.scripts.config_args import env_kwargs_arg
 
 
 def register(subparsers) -> None:
@@ -67,14 +66,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    kwargs = {}
-    if args.env_kwargs:
-        try:
-            kwargs = json.loads(args.env_kwargs)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--env-kwargs is not valid JSON: {exc}", "e.g. --env-kwargs '{\"g\": 9.81}'") from None
-        if not isinstance(kwargs, dict):
-            raise UserError("--env-kwargs must be a JSON object", "e.g. --env-kwargs '{\"g\": 9.81}'")
+    kwargs = env_kwargs_arg(args.env_kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         meta, steps = record_to_log(

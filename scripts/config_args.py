@@ -61,3 +61,20 @@ def add_options(
 def config_kwargs(args: argparse.Namespace, names: list[str]) -> dict:
     """The parsed values of the generated options, as keyword arguments for the dataclass."""
     return {n: getattr(args, n) for n in names}
+
+
+def env_kwargs_arg(text: str | None) -> dict | None:
+    """The `--env-kwargs JSON` option of record, check and export: a JSON object, or None when absent."""
+    import json
+
+    from wmcheck.datasets.errors import UserError
+
+    if not text:
+        return None
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--env-kwargs is not valid JSON: {exc}", "e.g. --env-kwargs '{\"g\": 9.81}'") from None
+    if not isinstance(kwargs, dict):
+        raise UserError(f"--env-kwargs must be a JSON object, got {text}", "e.g. --env-kwargs '{\"g\": 9.81}'")
+    return kwargs
