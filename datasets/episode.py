@@ -31,6 +31,10 @@ class LogMeta:
     """Exogenous, measured inputs (wind speed, ambient temperature, ...), conditioned on like actions."""
     units: dict[str, str] = field(default_factory=dict)
     """{channel name: unit string}."""
+    env_id: str | None = None
+    """The registered gymnasium id a recorded log came from (`wmcheck record`); None otherwise."""
+    env_kwargs: dict | None = None
+    """The keyword arguments that env was made with (JSON-serialisable), when not the defaults."""
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:

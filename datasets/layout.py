@@ -335,6 +335,15 @@ def meta_from_attrs(attrs, obs_names: list[str], action_names: list[str]) -> Log
         except ValueError:
             problems.append("units is not a JSON object {channel: unit}")
             units = {}
+    env_id = attr_str(attrs["env_id"]) if "env_id" in attrs else None
+    env_kwargs = None
+    if "env_kwargs" in attrs:
+        try:
+            env_kwargs = json.loads(attr_str(attrs["env_kwargs"]))
+            if not isinstance(env_kwargs, dict):
+                raise ValueError
+        except ValueError:
+            problems.append("env_kwargs is not a JSON object {name: value}")
     try:
         meta = LogMeta(
             source=source,
@@ -344,6 +353,8 @@ def meta_from_attrs(attrs, obs_names: list[str], action_names: list[str]) -> Log
             input_names=str_list(attrs.get("input_names")),
             units={str(k): str(v) for k, v in units.items()},
             format_version=int(attrs.get("format_version", FORMAT_VERSION)),
+            env_id=env_id,
+            env_kwargs=env_kwargs,
         )
     except ValueError as exc:
         problems.append(str(exc))

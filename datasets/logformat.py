@@ -213,6 +213,19 @@ class LogWriter:
         ]:
             attrs[key] = np.array(list(names) or _generated(prefix, n), dtype=str_dtype)
         attrs["units"] = json.dumps(m.units)
+        if m.env_id is not None:
+            attrs["env_id"] = m.env_id
+            if m.env_kwargs:
+                attrs["env_kwargs"] = json.dumps(m.env_kwargs)
+
+
+def _minari_dt(path: Path) -> float | None:
+    """A plain Minari file's step period, from the env spec of the metadata.json beside it (as
+    `wmcheck import` takes it), so train / validate / check of a Minari dataset know it too."""
+    from wmcheck.datasets.importers.minari_source import env_spec_dict, env_spec_dt, minari_metadata
+
+    spec = env_spec_dict(minari_metadata(path))
+    return env_spec_dt(spec)[0] if spec is not None else None
 
 
 def write_log(path: str | os.PathLike, episodes: Iterable[Episode], meta: LogMeta) -> Path:
@@ -396,6 +409,8 @@ class LogReader:
                 self._meta = L.meta_from_attrs(self._file.attrs, obs_names, _generated("action", a))
             except L.LayoutError as exc:
                 raise UserError(f"{self.path}: {exc}", _VALIDATE_FIX.format(path=self.path)) from None
+            if self._meta.dt is None and "format" not in self._file.attrs:
+                self._meta.dt = _minari_dt(self.path)
         return self._meta
 
     @property

@@ -49,6 +49,7 @@ import contextlib
 import difflib
 import importlib
 import inspect
+import json
 import math
 import os
 import warnings
@@ -516,6 +517,7 @@ class Recorder:
         if max_steps is not None and max_steps < 1:
             raise UserError(f"max_steps must be >= 1, got {max_steps}", "e.g. --max-steps 200")
         self.env_id = env_name(env_id)
+        self.env_kwargs = dict(env_kwargs) if env_kwargs else None
         self.render = None if render is None else (int(render[0]), int(render[1]))
         self._env = contextlib.ExitStack()  # closes the env if we made it (opened_env)
         self.env = self._env.enter_context(opened_env(env_id, env_kwargs, self.render))
@@ -545,12 +547,30 @@ class Recorder:
             warnings.warn(self.dt_warning, stacklevel=2)
 
     def meta(self, source: str = "sim") -> LogMeta:
+        env_id, env_kwargs = self._registered_env()
         return LogMeta(
             source=source,
             dt=self.dt,
             observation_names=[f"obs_{i}" for i in range(self.codec.obs_dim)],
             action_names=[f"act_{i}" for i in range(self.codec.action_dim)],
+            env_id=env_id,
+            env_kwargs=env_kwargs,
         )
+
+    def _registered_env(self) -> tuple[str | None, dict | None]:
+        """The gymnasium id (and kwargs) the log names so `wmcheck export` can write the env's spaces
+        and spec: only a registered id, and kwargs only when they are JSON (else neither is claimed)."""
+        import gymnasium as gym
+
+        spec = getattr(self.env, "spec", None)
+        if spec is None or spec.id not in gym.registry:
+            return None, None
+        kwargs = self.env_kwargs if self.env_kwargs is not None else (dict(spec.kwargs) or None)  # an instance's own
+        try:
+            json.dumps(kwargs)
+        except (TypeError, ValueError):
+            return None, None
+        return spec.id, kwargs
 
     def episodes(self, n: int, first_id: int = 0) -> Iterator[Episode]:
         for i in range(n):

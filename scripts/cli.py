@@ -26,6 +26,7 @@ from wmcheck.datasets.version import version
 # (a later issue) is skipped, so the CLI always starts.
 SUBCOMMANDS = [
     "cmd_import",
+    "cmd_export",
     "cmd_validate",
     "cmd_record",
     "cmd_train",

@@ -22,16 +22,19 @@ def register(subparsers) -> None:
         "saturated channels. Exit code 0 when there are no errors, 2 otherwise.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("log", metavar="LOG.h5", help="the log file to check")
+    p.add_argument(
+        "log", metavar="LOG.h5", help="the log file to check, or a Minari dataset folder or id (local Minari root)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from wmcheck.datasets.errors import UserError
+    from wmcheck.datasets.importers.minari_source import resolve_dataset
 
     try:
-        report = validate_log(args.log)
+        report = validate_log(resolve_dataset(args.log))  # a Minari folder or id, as for `import`
     except UserError as exc:
         if not args.json:
             raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import h5py
@@ -10,6 +11,7 @@ import pytest
 
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.importers import CopyOptions, ImportMapping, import_to_log, load_source, source_kind
+from wmcheck.datasets.importers.minari_source import resolve_dataset
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.validate import validate_log
 
@@ -105,6 +107,30 @@ def test_minari_file_is_copied_with_attributes_from_flags(tmp_path):
     with pytest.raises(UserError, match="names 1 observation channels"):
         import_to_log(src, tmp_path / "bad.h5", options=CopyOptions(observation_names=["x"]))
     assert not (tmp_path / "bad.h5").exists()
+
+
+def test_minari_dataset_folder_and_id_resolve_in_the_local_root(tmp_path, monkeypatch):
+    """One rule for import, train and validate: a file, a dataset folder (<id>/ or <id>/data/) or
+    an id in $MINARI_DATASETS_PATH; dt from the env spec's kwargs when the env cannot be made."""
+    root = tmp_path / "root"
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(root))
+    data = root / "lab" / "arm-v2" / "data"
+    data.mkdir(parents=True)
+    _minari_like(data / "main_data.hdf5")
+    spec = {"id": "Gone-v0", "entry_point": "no_such_module_wmc:Env", "kwargs": {"dt": 0.1}}
+    (data / "metadata.json").write_text(json.dumps({"env_spec": json.dumps(spec), "dataset_id": "lab/arm-v2"}))
+    for arg in ("lab/arm-v2", root / "lab" / "arm-v2", data, data / "main_data.hdf5"):
+        assert resolve_dataset(arg) == data / "main_data.hdf5", arg
+    s = import_to_log("lab/arm-v2", tmp_path / "log.h5")
+    assert s.dt == 0.1 and s.episodes_produced == 2
+    with open_log(tmp_path / "log.h5") as log:
+        assert log.meta.dt == 0.1 and log.meta.source == "sim"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="without a Minari main_data.hdf5"):
+        source_kind(tmp_path / "empty")
+    with pytest.raises(UserError, match="neither a file nor a Minari dataset in the local Minari root"):
+        source_kind("lab/nothing-v0")
+    assert resolve_dataset(tmp_path / "missing.h5") == tmp_path / "missing.h5"  # the caller says "missing"
 
 
 def test_unknown_extension_is_an_error(tmp_path):

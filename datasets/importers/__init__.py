@@ -44,10 +44,12 @@ KINDS = {
 
 
 def source_kind(path: str | os.PathLike) -> str:
-    """ "csv" | "parquet" | "npz" (columns) | "npz-log" | "hdf5", from the file name (and npz keys)."""
-    path = Path(path)
-    if path.is_dir():
-        return "hdf5"  # a Minari dataset folder
+    """ "csv" | "parquet" | "npz" (columns) | "npz-log" | "hdf5", from the file name (and npz keys).
+
+    A Minari dataset folder or id is its main_data.hdf5 (`minari_source.resolve_dataset`)."""
+    from wmcheck.datasets.importers.minari_source import resolve_dataset
+
+    path = resolve_dataset(path)
     if not path.exists():
         raise UserError(f"input file {str(path)!r} does not exist", "check the path")
     kind = KINDS.get(path.suffix.lower())
