@@ -1,8 +1,9 @@
 """Writing a check's outputs: report.json (schema-versioned), report.html and a TensorBoard run.
 
-Owns the output folder layout (REPORTDIR/report.json, report.html, tb/) and atomic writes: each file
-is written under a temporary name and renamed, so a killed check never leaves a half report, and
-the old pair is removed first, so a report.json never sits beside another run's report.html.
+Owns the output folder layout (REPORTDIR/report.json, report.html, tb/: one TensorBoard run, no
+sub-runs) and atomic writes: each file is written under a temporary name and renamed, so a killed
+check never leaves a half report, and the old pair is removed first, so a report.json never sits
+beside another run's report.html.
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ def write_outputs(report: dict, out_dir: str | Path, tensorboard: bool = True) -
     return paths
 
 
+DIVERGENCE_TAG = "check/divergence_vs_horizon"
+"""Scalar tags `<tag>/checked` and `<tag>/real`: mean standardised error by open-loop horizon (x = steps)."""
+
+
 def write_tensorboard(report: dict, logdir: Path) -> Path:
+    """The check as ONE TensorBoard run in `logdir` (every summary in this writer's own folder)."""
     from torch.utils.tensorboard import SummaryWriter
 
     w = SummaryWriter(str(logdir))
@@ -63,9 +69,16 @@ def write_tensorboard(report: dict, logdir: Path) -> Path:
         if g.get("evidence") is not None:
             w.add_scalar(f"check/evidence/{gap}", g["evidence"], 0)
     curve = report["divergence_curve"]
+    # Two plain tags and a Custom Scalars chart overlaying them, in this one run: `add_scalars` would
+    # write each curve into a sub-folder of its own (tb/check_divergence_vs_horizon_checked, ..._real),
+    # which TensorBoard lists as two more runs beside the check's.
     for h, c, r in zip(curve["horizon_steps"], curve["checked_mean"], curve["real_mean"]):
-        w.add_scalars("check/divergence_vs_horizon", {"checked": c, "real": r}, h)
+        w.add_scalar(f"{DIVERGENCE_TAG}/checked", c, h)
+        w.add_scalar(f"{DIVERGENCE_TAG}/real", r, h)
     if curve["horizon_steps"]:
+        w.add_custom_scalars(
+            {"check": {"divergence vs horizon": ["Multiline", [f"{DIVERGENCE_TAG}/checked", f"{DIVERGENCE_TAG}/real"]]}}
+        )
         w.add_figure("check/divergence_vs_horizon_fig", divergence_figure(report), 0)
     for i, (_caption, fig) in enumerate(overlay_figures(report)):
         w.add_figure(f"check/worst_block_{i}", fig, 0)

@@ -43,7 +43,8 @@ def test_a_log_that_does_not_fit_is_refused_before_hdf5_fails(tmp_path):
 
 
 def test_a_checkpoint_that_does_not_fit_stops_training_cleanly(tmp_path):
-    """A 400 KiB limit lets the log and the run's small files through, not the first checkpoint:
+    """A 400 KiB limit lets the log and the run's small files through, not the first checkpoint (best
+    or last):
     PyTorch's writer says only "iostream error"; the atomic writer knows there was no room."""
     log = tmp_path / "real.h5"
     made = subprocess.run(
@@ -53,9 +54,12 @@ def test_a_checkpoint_that_does_not_fit_stops_training_cleanly(tmp_path):
     run = tmp_path / "run"
     done = _limited([WMCHECK, "train", str(log), "--out", str(run), "--max-steps", "30"], 400 * 1024, tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "no room left" in done.stderr and "last.ckpt" in done.stderr
+    # A 30-step run validates at its end (val_check_interval is capped at max_steps), so the first
+    # checkpoint it writes is best.ckpt, then last.ckpt: the message names the one that did not fit.
+    assert "no room left" in done.stderr and ("best.ckpt" in done.stderr or "last.ckpt" in done.stderr)
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
-    assert not (run / "model.pt").exists() and not (run / "checkpoints" / "last.ckpt").exists()
+    assert not (run / "model.pt").exists()
+    assert not (run / "checkpoints" / "last.ckpt").exists() and not (run / "checkpoints" / "best.ckpt").exists()
     assert not _leftovers(run)
 
 

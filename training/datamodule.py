@@ -4,10 +4,15 @@ Owns: validating the log before training (errors become one UserError listing ev
 the deterministic episode-level split, fitting the normaliser once on the training episodes,
 an endless stream of random training windows (B, T) in DreamerV3's alignment, a fixed set of
 validation windows, and the held-out windows used for `openloop/*`.
+
+Reusable in a user's own `lightning.Trainer`: its arguments are saved as plain hyper-parameters
+(the log path and the TrainConfig as a dict), so `LogDataModule.load_from_checkpoint(path)` works
+with weights_only=True too; `model_config` sizes a world-model config for the log.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from wmcheck.datasets.split import split_episodes
 from wmcheck.datasets.validate import validate_log
 from wmcheck.datasets.windows import Batch, WindowSampler
 from wmcheck.training.config import TrainConfig
+from wmcheck.worldmodel.config import WorldModelConfig
 
 
 def image_spec(specs: dict, path) -> dict:
@@ -63,8 +69,14 @@ class _RandomWindows(IterableDataset):
 
 
 class LogDataModule(L.LightningDataModule):
-    def __init__(self, log_path: str | os.PathLike, train: TrainConfig):
+    """Windows of the wmcheck log at `log_path` for training and validation. train: a TrainConfig
+    or its dict (batch size, window length, split, seed, ...)."""
+
+    def __init__(self, log_path: str | os.PathLike, train: TrainConfig | dict):
         super().__init__()
+        if isinstance(train, dict):
+            train = TrainConfig(**train)
+        self.save_hyperparameters({"log_path": str(log_path), "train": dataclasses.asdict(train)}, logger=False)
         self.log_path = Path(log_path)
         self.cfg = train
         self.normalizer: Normalizer | None = None
@@ -115,6 +127,14 @@ class LogDataModule(L.LightningDataModule):
         self._train_sampler = WindowSampler(self.log_path, self.train_ids, self.normalizer, c.seq_len)
         if self.val_ids and val_steps >= c.seq_len:
             self._val_sampler = WindowSampler(self.log_path, self.val_ids, self.normalizer, c.seq_len)
+
+    def model_config(self, base: WorldModelConfig) -> WorldModelConfig:
+        """`base` sized for this log: its observation / action / input dimensions and camera groups
+        (prepares the module first if needed). A ValueError when the frames do not fit the CNN."""
+        if self.normalizer is None:
+            self.prepare()
+        obs_dim, action_dim, input_dim = self.dims
+        return dataclasses.replace(base, obs_dim=obs_dim, action_dim=action_dim, input_dim=input_dim, **self.image_spec)
 
     def setup(self, stage: str | None = None) -> None:
         if self.normalizer is None:

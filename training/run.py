@@ -6,7 +6,8 @@ Owns the run directory layout:
   RUNDIR/checkpoints/best.ckpt    the state with the lowest monitored validation metric so far (exported as model.pt)
   RUNDIR/training.json            how training ended: steps, best step, stop reason
   RUNDIR/quality.json             the model-quality card (training/quality.py), also in TensorBoard
-  RUNDIR/tb/                      the TensorBoard run (tensorboard --logdir RUNDIR)
+  RUNDIR/tb/                      the TensorBoard run (tensorboard --logdir RUNDIR): scalars, figures,
+                                  the hyper-parameters in the HParams tab and as a text table
   RUNDIR/model.pt                 the exported model (weights + JSON config/normaliser/channels + data hash)
 A run killed at any point resumes from last.ckpt when `train` is called again with the same RUNDIR.
 
@@ -20,7 +21,6 @@ validation split the exported model is the best checkpoint's, not the last step'
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -37,6 +37,7 @@ from wmcheck.training.checkpoint import atomic_checkpoint_io, file_sha256, read_
 from wmcheck.training.config import STOP_METRICS, RunConfig, TrainConfig
 from wmcheck.training.datamodule import LogDataModule
 from wmcheck.training.module import NonFiniteLoss, WorldModelModule
+from wmcheck.training.progress import training_progress
 from wmcheck.training.quality import QualityCard, compute_card, log_card, write_card
 from wmcheck.worldmodel.config import preset
 
@@ -76,16 +77,6 @@ def device_kwargs(t: TrainConfig) -> dict:
     )
 
 
-def hparams_markdown(run_config: RunConfig, extra: dict) -> str:
-    rows = ["| parameter | value |", "|---|---|"]
-    for section, values in run_config.to_dict().items():
-        for k, v in values.items():
-            rows.append(f"| {section}.{k} | {v} |")
-    for k, v in extra.items():
-        rows.append(f"| {k} | {v} |")
-    return "\n".join(rows)
-
-
 def build_run_config(train: TrainConfig, ensemble: int = 1, **model_overrides) -> RunConfig:
     try:
         model = preset(train.preset, ensemble=ensemble, **model_overrides)
@@ -102,9 +93,7 @@ def train(
     dm = LogDataModule(log_path, t)
     dm.prepare()  # validates the log, splits episodes, fits the normaliser (errors are UserErrors)
     try:
-        model_cfg = dataclasses.replace(
-            run_config.model, obs_dim=dm.dims[0], action_dim=dm.dims[1], input_dim=dm.dims[2], **dm.image_spec
-        )
+        model_cfg = dm.model_config(run_config.model)
     except ValueError as exc:  # e.g. frames whose size does not fit the CNN stages
         raise UserError(
             f"{log_path}: the camera frames do not fit the world model: {exc}",
@@ -139,18 +128,22 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
     # Seed before the model exists: its initial weights come from the same seed, so a run is
     # reproducible (seeding after construction left the init to whatever the process drew before).
     L.seed_everything(t.seed, workers=True, verbose=False)
-    module = WorldModelModule(run_config, dm.normalizer.to_dict(), dm.channels, data_hash)
-    module._openloop_seq = dm.openloop_sequence()
-    if t.stop_on == "openloop":
-        module._stop_seq = dm.openloop_sequence(windows=t.stop_windows, stream="stop")
+    module = WorldModelModule(
+        run_config,
+        dm.normalizer.to_dict(),
+        dm.channels,
+        data_hash,
+        openloop_seq=dm.openloop_sequence(),
+        stop_seq=dm.openloop_sequence(windows=t.stop_windows, stream="stop") if t.stop_on == "openloop" else None,
+    )
 
     logger = TensorBoardLogger(save_dir=str(out), name="", version="tb", default_hp_metric=False)
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True, every_n_train_steps=t.ckpt_every
     )
-    callbacks = [checkpoint]
+    callbacks = [checkpoint] + ([training_progress()] if t.progress_bar else [])  # steps of max_steps, not epochs
     best_ckpt = early = None
-    monitor = monitored_metric(t, module._stop_seq is not None)
+    monitor = monitored_metric(t, module.stop_seq is not None)
     if dm.has_validation:
         # best.ckpt is written at a validation that improves the monitored metric; model.pt takes its weights
         best_ckpt = ModelCheckpoint(
@@ -181,7 +174,8 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
         logger=logger,
         callbacks=callbacks,
         max_time={"seconds": t.max_minutes * 60} if t.max_minutes else None,
-        val_check_interval=t.val_every if dm.has_validation else None,
+        # capped at max_steps: a run shorter than val_every still validates (val/*, openloop/*) at its end
+        val_check_interval=min(t.val_every, t.max_steps) if dm.has_validation else None,
         check_val_every_n_epoch=None,
         limit_val_batches=t.val_batches if dm.has_validation else 0,
         num_sanity_val_steps=0,
@@ -191,21 +185,6 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
         deterministic=False,
         plugins=[atomic_checkpoint_io()],
     )
-    if trainer.is_global_zero:
-        logger.experiment.add_text(
-            "hparams",
-            hparams_markdown(
-                run_config,
-                {
-                    "log": str(log_path),
-                    "data_sha256": data_hash,
-                    "train_episodes": len(dm.train_ids),
-                    "val_episodes": len(dm.val_ids),
-                    "precision": resolve_precision(t),
-                },
-            ),
-            0,
-        )
     ckpt_path = str(last) if (resume and last.exists()) else None
     if ckpt_path and trainer.is_global_zero:
         step = int(read_checkpoint(last, _DAMAGED_RESUME.format(last=last)).get("global_step", 0))
