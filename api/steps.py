@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +29,24 @@ def train(
     calibrate: bool = True,
     ensemble: int = 1,
     check_options: dict | None = None,
+    on_trained: Callable[[Any], None] | None = None,
+    notes: Callable[[str], None] | None = None,
     **options: Any,
 ):
-    """Train a world model on the real log `log` into the run folder `out`, then calibrate it
-    (unless `calibrate=False` or no episode is held out). `options` are `TrainConfig` fields
-    (max_steps, lr, preset, batch_size, ...; see `wmcheck train --help` for each and its default);
-    `check_options` are `CheckConfig` fields for the calibration (alpha, horizon, context, ...).
+    """Train a world model on the real log `log` (a wmcheck log, or a Minari dataset folder or id)
+    into the run folder `out`, then calibrate it (unless `calibrate=False` or no episode is held
+    out). `options` are `TrainConfig` fields (max_steps, lr, preset, batch_size, ...; see `wmcheck
+    train --help` for each and its default); `check_options` are `CheckConfig` fields for the
+    calibration (alpha, horizon, context, ...). `on_trained(result)` runs between training and
+    calibration (the CLI prints its summary there); `notes(text)` receives warnings about the data
+    (a log marked as simulated used as reality; default: `warnings.warn`).
     Returns the `training.run.TrainResult` (run_dir, model_path, steps, quality card, ...)."""
+    from wmcheck.datasets.importers.minari_source import reality_warning, resolve_dataset
     from wmcheck.training.config import TrainConfig
     from wmcheck.training.run import build_run_config
     from wmcheck.training.run import train as run_training
 
+    log = resolve_dataset(log)  # a Minari folder or id is its main_data.hdf5, as for `import`
     if not Path(log).exists():
         raise UserError(
             f"log file {log} does not exist", "check the path; create logs with `wmcheck import` or `wmcheck record`"
@@ -48,8 +57,15 @@ def train(
     except (TypeError, ValueError) as exc:
         raise UserError(f"bad training option: {exc}", "see `wmcheck train --help` for the options") from None
     ccfg = _check_config(check_options)  # a bad alpha / horizon is refused before training
+    simulated = reality_warning(log)  # train learns reality: say so when the log is a simulator's
+    if simulated:
+        (notes or (lambda text: warnings.warn(text, stacklevel=3)))(simulated)
     result = run_training(log, out, rc, resume=resume)
-    if result.global_zero and calibrate and tcfg.val_fraction > 0:
+    if not result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
+        return result
+    if on_trained is not None:
+        on_trained(result)
+    if calibrate and tcfg.val_fraction > 0:
         from wmcheck.checks.calibration import calibrate as run_calibration
 
         run_calibration(out, log, ccfg)

@@ -62,7 +62,9 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wmcheck.checks.calibration import calibrate
+    import wmcheck
+    from wmcheck.scripts.config_args import config_kwargs
 
-    calibrate(args.run_dir, args.log, check_config(args, "calibrate"), extra_real=args.real)
+    check_config(args, "calibrate")  # the option's own error message (`see wmcheck calibrate --help`)
+    wmcheck.calibrate(args.run_dir, args.log, real=args.real, **config_kwargs(args, CHECK_OPTIONS))
     return 0

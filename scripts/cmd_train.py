@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from wmcheck.datasets.errors import UserError
 from wmcheck.scripts.cmd_calibrate import check_config
 from wmcheck.scripts.config_args import add_options, config_kwargs
 
@@ -50,7 +49,11 @@ def register(sub) -> None:
             "RUNDIR/model.pt, the model that `wmcheck check` uses."
         ),
     )
-    p.add_argument("log", type=Path, help="training log (wmcheck HDF5 log format)")
+    p.add_argument(
+        "log",
+        type=Path,
+        help="training log (wmcheck HDF5 log format), or a Minari dataset folder or id (local Minari root)",
+    )
     p.add_argument("--out", type=Path, required=True, help="run directory (created; an existing run there is resumed)")
     from wmcheck.training.config import TrainConfig
     from wmcheck.worldmodel.config import WorldModelConfig
@@ -75,38 +78,37 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wmcheck.training.config import TrainConfig
-    from wmcheck.training.run import build_run_config, train
+    import wmcheck
+    from wmcheck.scripts.cmd_calibrate import CHECK_OPTIONS
 
-    if not args.log.exists():
-        raise UserError(
-            f"log file {args.log} does not exist",
-            "check the path; create logs with `wmcheck import` or `wmcheck record`",
+    check_options = config_kwargs(args, CHECK_OPTIONS)
+    horizon = check_config(args, "train").horizon  # a bad --alpha / --horizon is refused before training
+
+    def summary(result) -> None:  # printed before calibration starts
+        print(f"trained {result.steps} steps ({STOPS[result.stop_reason]}); model: {result.model_path}", end="")
+        print(
+            f" (weights of step {result.best_step}, the best {MONITORED[result.monitor]})"
+            if result.best_step is not None
+            else ""
         )
-    try:
-        tcfg = TrainConfig(
-            **config_kwargs(args, TRAIN_OPTIONS), progress_bar=not args.no_progress, images=not args.no_images
-        )
-        rc = build_run_config(tcfg, ensemble=args.ensemble)
-    except ValueError as exc:
-        raise UserError(f"bad training option: {exc}", "see `wmcheck train --help`") from None
-    check_cfg = check_config(args, "train")  # a bad --alpha / --horizon is refused before training
-    result = train(args.log, args.out, rc, resume=not args.no_resume)
-    if not result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
-        return 0
-    print(f"trained {result.steps} steps ({STOPS[result.stop_reason]}); model: {result.model_path}", end="")
-    print(
-        f" (weights of step {result.best_step}, the best {MONITORED[result.monitor]})"
-        if result.best_step is not None
-        else ""
+        if result.quality is not None:
+            print("\n".join(result.quality.lines(check_horizon=horizon)))
+        else:
+            print("no held-out real episode long enough for a quality card: pass a larger --val-fraction")
+
+    result = wmcheck.train(
+        args.log,
+        args.out,
+        resume=not args.no_resume,
+        calibrate=not args.no_calibrate,
+        ensemble=args.ensemble,
+        check_options=check_options,
+        on_trained=summary,
+        notes=lambda note: print(f"warning: {note}"),
+        **config_kwargs(args, TRAIN_OPTIONS),
+        progress_bar=not args.no_progress,
+        images=not args.no_images,
     )
-    if result.quality is not None:
-        print("\n".join(result.quality.lines(check_horizon=check_cfg.horizon)))
-    else:
-        print("no held-out real episode long enough for a quality card: pass a larger --val-fraction")
-    if not args.no_calibrate and args.val_fraction > 0:
-        from wmcheck.checks.calibration import calibrate
-
-        calibrate(args.out, args.log, check_cfg)
-    print(f"inspect: tensorboard --logdir {result.run_dir}")
+    if result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
+        print(f"inspect: tensorboard --logdir {result.run_dir}")
     return 0
