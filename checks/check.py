@@ -419,6 +419,7 @@ def _report(
             "alpha": alpha,
             "tolerated_by_gate": dec.tolerated_by_gate,
             "message": rb.message(dec, ev, rows, power, levels, pol),
+            "unattributed": rb.unattributed_entry(dec, ev, rows),
         },
         "episodes": [rb.episode_entry(e, dec.episodes[e.id], inp.meta.dt) for e in ev.divergence.episodes],
         "gaps": rows,
@@ -448,6 +449,7 @@ def _report(
         "policy": None if pol is None else {k: v for k, v in pol.items() if not k.startswith("_")},
         "figures": {
             "worst_blocks": _plot_data(sc, blocks, comp_idx, inp.norm, inp.bundle.channels, cfg),
+            "episodes": _episode_plots(sc, blocks, ev.divergence.episodes, real, inp.norm, cfg, alpha),
             "policy_returns": None if pol is None else pol["_plots"],
         },
     }
@@ -600,25 +602,58 @@ def _regimes(sc, blocks, competent, cal, norm, channels, meta, alpha, seed) -> d
     )
 
 
+DRILLDOWN_EPISODES = 6
+"""Episodes the report draws one by one (the worst by episode score, as its episode table sorts them)."""
+
+
+def _block_plot(sc, blocks, b: int, norm, cfg) -> dict:
+    """Block b: checked trajectory, predicted mean and 90 % band (raw units), where it starts."""
+    mean, std = norm.mean["obs"], norm.std["obs"]
+    return {
+        "episode": int(blocks.episode[b]),
+        "start": int(blocks.start[b]),
+        "context": cfg.context,
+        "truth": _rows(blocks.batch.obs[b] * std + mean),
+        "pred": _rows(sc.pred_mean[b] * std + mean),
+        "lo": _rows(sc.pred_lo[b] * std + mean),
+        "hi": _rows(sc.pred_hi[b] * std + mean),
+    }
+
+
 def _plot_data(sc, blocks, comp_idx, norm, channels, cfg) -> dict:
     """The three most divergent blocks: checked trajectory, predicted mean and 90 % band (raw units)."""
-    order = np.argsort(-sc.divergence)
-    worst = [int(i) for i in order[:3]]
-    mean, std = norm.mean["obs"], norm.std["obs"]
+    worst = [int(i) for i in np.argsort(-sc.divergence)[:3]]
+    return {
+        "worst_blocks": [_block_plot(sc, blocks, b, norm, cfg) for b in worst],
+        "names": channels.get("observation_names", []),
+    }
+
+
+def _episode_plots(sc, blocks, episodes, real, norm, cfg, alpha: float) -> dict:
+    """The report's drill-down, for the DRILLDOWN_EPISODES worst episodes: each block's start step
+    and divergence score along the episode, and its most divergent block's overlay data; with the
+    held-out real blocks' median and (1 - alpha) quantile of the same score to read them against."""
     out = []
-    for b in worst:
+    for e in sorted(episodes, key=lambda x: -x.score)[:DRILLDOWN_EPISODES]:
+        idx = np.flatnonzero(blocks.episode == e.id)
+        if not len(idx):
+            continue
+        idx = idx[np.argsort(blocks.start[idx])]
+        worst = int(idx[np.argmax(sc.divergence[idx])])
         out.append(
             {
-                "episode": int(blocks.episode[b]),
-                "start": int(blocks.start[b]),
-                "context": cfg.context,
-                "truth": _rows(blocks.batch.obs[b] * std + mean),
-                "pred": _rows(sc.pred_mean[b] * std + mean),
-                "lo": _rows(sc.pred_lo[b] * std + mean),
-                "hi": _rows(sc.pred_hi[b] * std + mean),
+                "episode": int(e.id),
+                "block_start": [int(x) for x in blocks.start[idx]],
+                "divergence": rb.rlist(sc.divergence[idx]),
+                "worst_block": _block_plot(sc, blocks, worst, norm, cfg),
             }
         )
-    return {"worst_blocks": out, "names": channels.get("observation_names", [])}
+    return {
+        "episodes": out,
+        "real_divergence_median": rb.r4(np.median(real.divergence)),
+        "real_divergence_q": rb.r4(np.quantile(real.divergence, 1 - alpha)),
+        "real_q_level": 1 - alpha,
+    }
 
 
 def _rows(a: np.ndarray) -> list:

@@ -191,11 +191,15 @@ class FitDetail:
         return [e for e in self.fit.estimates if e.param.kind in sysid.GAP_KINDS[self.gap]]
 
     def best(self) -> sysid.Estimate | None:
-        """The fitted correction of this row with the largest score |t| among the significant ones."""
+        """The row's headline correction: among the significant ones, those whose own 95 % interval
+        excludes the identity first, then the largest score |t|. Two confounded corrections (a weak
+        gain and a deadband) can both be significant while the fit pins only one down: on Pendulum
+        with a x0.3 gain the deadband's |t| was the larger (7.9 vs 7.3) but its interval [-0.38,
+        0.95] held 0, the gain's [0.27, 0.64] did not hold 1."""
         est = self.estimates()
         sig = {p for p, s in zip(self.params, self.test.significant) if s}
         est = [e for e in est if e.param in sig] or est
-        return max(est, key=lambda e: abs(e.t)) if est else None
+        return max(est, key=lambda e: (sysid.excludes_identity(e), abs(e.t))) if est else None
 
 
 def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence, Blocks, list[str]]:

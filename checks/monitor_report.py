@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmcheck.checks.report_html import _png, page
+from wmcheck.checks.report_html import FIG_WIDTH, figure_img, page
 from wmcheck.datasets.atomic import write_text_atomic
 
 COLORS = {"stable": "#2e7d32", "drifted": "#c62828", "off-support": "#ef6c00", "inconclusive": "#6d4c41"}
@@ -23,7 +23,7 @@ def p_value_figure(report: dict):
     import matplotlib.pyplot as plt
 
     looks = report["looks"]
-    fig, ax = plt.subplots(figsize=(8, 3))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 3.6))
     x = [lk["look"] for lk in looks]
     for w in report["settings"]["windows"]:
         p = [lk["windows"][str(w)]["p_value"] for lk in looks]
@@ -50,7 +50,7 @@ def bias_figure(report: dict, max_channels: int = 6):
 
     names = [f for f in report["features"] if f.startswith("bias:")][:max_channels]
     looks = report["looks"]
-    fig, axes = plt.subplots(len(names), 1, figsize=(8, 1.6 * len(names) + 0.5), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(names), 1, figsize=(FIG_WIDTH, 1.8 * len(names) + 0.6), sharex=True, squeeze=False)
     x = [lk["look"] for lk in looks]
     for ax, name in zip(axes[:, 0], names):
         ax.plot(x, [lk["estimates"][name] for lk in looks], "o-")
@@ -78,9 +78,9 @@ def render_monitor_html(report: dict) -> str:
     figs = ""
     if report["looks"]:
         figs = (
-            f"<figure><img src='{_png(p_value_figure(report))}' alt='p-values over looks'><figcaption>Each window's "
+            f"<figure>{figure_img(p_value_figure(report), 'p-values over looks')}<figcaption>Each window's "
             "p-value per look against the level every test is run at; shaded looks did not come out stable.</figcaption></figure>"
-            f"<figure><img src='{_png(bias_figure(report))}' alt='bias over looks'><figcaption>The one-period bias "
+            f"<figure>{figure_img(bias_figure(report), 'bias over looks')}<figcaption>The one-period bias "
             "estimate of each channel (checked truth minus the model's open-loop prediction, physical units).</figcaption></figure>"
         )
     color = COLORS.get(report["verdict"], "#555")

@@ -666,9 +666,38 @@ def message(
         parts.append(f"Top gap: {dec.top_gap} ({rows[dec.top_gap]['explanation']}).")
     elif dec.confounded:
         parts.append(f"The evidence does not separate {', '.join(dec.confounded)}: they are confounded.")
-    elif dec.verdict == "fail" and {"episodes", "pooled"} & set(dec.failing):
+    elif unattributed(dec):
         parts.append(unattributed_sentence(ev, rows))
     return " ".join(parts)
+
+
+UNATTRIBUTED_NEXT_STEP = (
+    "no gap test names a cause: read the regimes where the checked data part from reality and the worst "
+    "episodes' plots below, then look in the simulator for a physics or sensor difference the gap tests do not "
+    "model (a bias in one operating regime, a missing coupling, another integrator or step size)"
+)
+
+
+def unattributed(dec: Decision) -> bool:
+    """A failing run whose divergence (episodes or the pooled test) no gap row explains."""
+    return (
+        dec.verdict == "fail"
+        and dec.top_gap == "none"
+        and not dec.confounded
+        and bool({"episodes", "pooled"} & set(dec.failing))
+    )
+
+
+def unattributed_entry(dec: Decision, ev: CheckEvidence, rows: dict) -> dict | None:
+    """The report's row for an unattributed divergence (so no FAIL sits above an all-green gap
+    table), with what to do next; None when the run is not one."""
+    if not unattributed(dec):
+        return None
+    return {
+        "failing": [r for r in dec.failing if r in ("episodes", "pooled")],
+        "explanation": unattributed_sentence(ev, rows),
+        "next_step": UNATTRIBUTED_NEXT_STEP,
+    }
 
 
 def policy_gate_notes(gate: dict) -> list[str]:

@@ -34,7 +34,16 @@ PAGE_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margi
 table{border-collapse:collapse;margin:8px 0 18px;font-size:13px} td,th{border:1px solid #ddd;padding:4px 8px;vertical-align:top}
 th{background:#f4f4f4} .dot{display:inline-block;width:10px;height:10px;border-radius:5px;margin-right:6px}
 .v-divergent{color:#c62828} .v-unverifiable{color:#ef6c00} .v-consistent{color:#2e7d32}
-figure{margin:8px 0} figcaption{font-size:12px;color:#555} .warn{color:#ef6c00} code{background:#f4f4f4;padding:1px 4px}"""
+figure{margin:8px 0} figcaption{font-size:12px;color:#555} .warn{color:#ef6c00} code{background:#f4f4f4;padding:1px 4px}
+img{max-width:100%;height:auto} details.section>summary{cursor:pointer} details.section>summary h2{display:inline}
+details.episode{margin:4px 0 4px 12px} details.episode>summary{cursor:pointer;font-size:14px}"""
+
+# Opens the collapsed section or episode that a link (#episode-7) points to, on load and on click.
+OPEN_TARGET_JS = """<script>
+function wmOpen(){var t=location.hash&&document.getElementById(location.hash.slice(1));
+for(var n=t;n;n=n.parentElement){if(n.tagName==='DETAILS'){n.open=true;}}if(t){t.scrollIntoView();}}
+window.addEventListener('hashchange',wmOpen);window.addEventListener('load',wmOpen);
+</script>"""
 
 
 def page(title: str, colour: str, banner: str, body: str) -> str:
@@ -51,13 +60,52 @@ def page(title: str, colour: str, banner: str, body: str) -> str:
 </body></html>"""
 
 
-def _png(fig) -> str:
+FIG_WIDTH = 10.0
+"""Inches at FIG_DPI: every report figure is about 1000 CSS pixels wide (at least 900 after the
+tight bounding box trims its margins)."""
+FIG_DPI = 100
+FIG_SCALE = 2
+"""Pixels per CSS pixel: figures are rendered at twice their displayed size (sharp on high-DPI screens)."""
+
+
+def _png(fig) -> tuple[str, int, int]:
+    """The figure as a PNG data URI and its displayed (CSS pixel) width and height; closes it."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=FIG_DPI * FIG_SCALE, bbox_inches="tight")
     import matplotlib.pyplot as plt
 
     plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    data = _palette_png(buf.getvalue())
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # the PNG IHDR
+    return "data:image/png;base64," + base64.b64encode(data).decode(), width // FIG_SCALE, height // FIG_SCALE
+
+
+PALETTE_COLORS = 64
+"""Colours of a figure's PNG: line plots need few, and a palette PNG at 2x is ~4x smaller than RGBA."""
+
+
+def _palette_png(data: bytes) -> bytes:
+    """The PNG re-encoded with an adaptive palette (Pillow, which matplotlib itself requires)."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=PALETTE_COLORS, method=Image.Quantize.FASTOCTREE)
+    out = io.BytesIO()
+    img.save(out, format="PNG")
+    return out.getvalue()
+
+
+def figure_img(fig, alt: str) -> str:
+    """An <img> of the figure (closed here) at its displayed size; the page scales it down on narrow screens."""
+    uri, width, height = _png(fig)
+    return f"<img src='{uri}' width='{width}' height='{height}' alt='{html.escape(alt, quote=True)}'>"
+
+
+def section(title: str, body: str, sid: str, open_: bool = True) -> str:
+    """A report section that collapses: <details> with the title as its summary (a heading)."""
+    return (
+        f"<details class='section' id='{sid}'{' open' if open_ else ''}><summary><h2>{html.escape(title)}</h2>"
+        f"</summary>\n{body}\n</details>"
+    )
 
 
 def divergence_figure(report: dict):
@@ -67,7 +115,7 @@ def divergence_figure(report: dict):
     import matplotlib.pyplot as plt
 
     c = report["divergence_curve"]
-    fig, ax = plt.subplots(figsize=(6, 2.8))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 3.6))
     h = c["horizon_steps"]
     ax.plot(h, c["real_mean"], color="k", label="held-out real (mean)")
     ax.plot(h, c["real_q"], color="k", ls="--", lw=0.8, label=f"real {c.get('real_q_level', 0.95):.0%} quantile")
@@ -80,6 +128,29 @@ def divergence_figure(report: dict):
     return fig
 
 
+def _draw_block(axes, blk: dict, names: list, channels: int) -> None:
+    """One block's overlay on `axes` (one per channel): the checked trajectory, the model's
+    prediction and its 90 % band, the context steps shaded."""
+    truth = np.asarray(blk["truth"])
+    C = blk["context"]
+    pred, lo, hi = (np.asarray(blk[k]) for k in ("pred", "lo", "hi"))
+    steps = np.arange(truth.shape[0]) + blk["start"]
+    for d in range(channels):
+        ax = axes[d]
+        ax.axvspan(steps[0], steps[C - 1], color="0.9")
+        ax.plot(steps, truth[:, d], color="k", lw=1, label="checked trajectory")
+        ax.plot(steps[C:], pred[:, d], color="tab:blue", lw=1, label="model prediction (real dynamics)")
+        ax.fill_between(steps[C:], lo[:, d], hi[:, d], color="tab:blue", alpha=0.25, label="90% band")
+        ax.set_ylabel(names[d] if d < len(names) else f"obs {d}", fontsize=8)
+        if d == 0:
+            ax.legend(fontsize=8, loc="best")
+    axes[channels - 1].set_xlabel("step (context shaded)")
+
+
+def _block_span(blk: dict) -> str:
+    return f"steps {blk['start']}-{blk['start'] + len(blk['truth']) - 1}"
+
+
 def overlay_figures(report: dict, max_channels: int = 6) -> list[tuple[str, object]]:
     import matplotlib
 
@@ -90,25 +161,43 @@ def overlay_figures(report: dict, max_channels: int = 6) -> list[tuple[str, obje
     names = plots.get("names", [])
     out = []
     for blk in plots.get("worst_blocks", []):
-        truth = np.asarray(blk["truth"])
-        C = blk["context"]
-        pred, lo, hi = (np.asarray(blk[k]) for k in ("pred", "lo", "hi"))
-        D = min(truth.shape[1], max_channels)
-        fig, axes = plt.subplots(D, 1, figsize=(6, 1.7 * D), squeeze=False)
-        steps = np.arange(truth.shape[0]) + blk["start"]
-        for d in range(D):
-            ax = axes[d, 0]
-            ax.axvspan(steps[0], steps[C - 1], color="0.9")
-            ax.plot(steps, truth[:, d], color="k", lw=1, label="checked trajectory")
-            ax.plot(steps[C:], pred[:, d], color="tab:blue", lw=1, label="model prediction (real dynamics)")
-            ax.fill_between(steps[C:], lo[:, d], hi[:, d], color="tab:blue", alpha=0.25, label="90% band")
-            ax.set_ylabel(names[d] if d < len(names) else f"obs {d}", fontsize=7)
-            if d == 0:
-                ax.legend(fontsize=6, loc="best")
-        axes[-1, 0].set_xlabel("step (context shaded)")
+        D = min(len(blk["truth"][0]), max_channels)
+        fig, axes = plt.subplots(D, 1, figsize=(FIG_WIDTH, 1.9 * D), squeeze=False)
+        _draw_block(axes[:, 0], blk, names, D)
         fig.tight_layout()
-        out.append((f"episode {blk['episode']}, steps {blk['start']}-{blk['start'] + truth.shape[0] - 1}", fig))
+        out.append((f"episode {blk['episode']}, {_block_span(blk)}", fig))
     return out
+
+
+def episode_figure(ep: dict, drill: dict, names: list, max_channels: int = 4):
+    """One episode's drill-down: the divergence score of each of its blocks along the episode
+    against the held-out real blocks' median and quantile, then its most divergent block's overlay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blk = ep["worst_block"]
+    D = min(len(blk["truth"][0]), max_channels)
+    fig, axes = plt.subplots(D + 1, 1, figsize=(FIG_WIDTH, 2.2 + 1.8 * D), squeeze=False)
+    ax = axes[0, 0]
+    ax.plot(ep["block_start"], ep["divergence"], "o-", color="#c62828", ms=4, label="checked block")
+    if drill.get("real_divergence_q") is not None:
+        ax.axhline(drill["real_divergence_median"], color="k", lw=0.8, label="held-out real blocks: median")
+        ax.axhline(
+            drill["real_divergence_q"],
+            color="k",
+            ls="--",
+            lw=0.8,
+            label=f"held-out real blocks: {drill.get('real_q_level', 0.95):.0%} quantile",
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("block start (step)")
+    ax.set_ylabel("divergence score", fontsize=8)
+    ax.legend(fontsize=8, loc="best")
+    _draw_block(axes[1:, 0], blk, names, D)
+    fig.tight_layout()
+    return fig
 
 
 def policy_return_figure(report: dict):
@@ -122,7 +211,7 @@ def policy_return_figure(report: dict):
     sim, mod = np.asarray(d.get("simulator_return", []), float), np.asarray(d.get("model_return", []), float)
     lo, hi = np.asarray(d.get("model_return_lo", []), float), np.asarray(d.get("model_return_hi", []), float)
     high = np.asarray(d.get("high", []), bool)
-    fig, ax = plt.subplots(figsize=(4.2, 4.0))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 5.0))
     if len(sim):
         ax.errorbar(
             sim[~high],
@@ -220,8 +309,8 @@ def _policy_html(report: dict) -> str:
     model_rate = (
         "" if sc["model_rate"] is None else f" The same success rule on the model's rollouts: {sc['model_rate']:.1%}."
     )
-    return f"""<h2>Policy, closed loop: simulator vs the model of reality</h2>
-<div id="policy"><p>Policy <code>{e(pol["policy"])}</code> in <code>{e(pol["env"])}</code>: {pol["episodes"]} simulator episodes; inside the world model
+    body = f"""<div id="policy"><p>Policy <code>{e(pol["policy"])}</code> in <code>{e(pol["env"])}</code>:
+{pol["episodes"]} simulator episodes; inside the world model
 from the same initial conditions ({pol["context_steps"]} observed steps, then the policy acts on the model's
 predictions), {pol["closed_loop_samples"]} rollouts per episode.{model_rate}</p>
 <table id="policy-gate"><tr><th>policy gate</th><th>this check</th><th>required</th><th>status</th></tr>{gate_rows}</table>
@@ -236,13 +325,14 @@ sign-flip p = {_fmt(r["p_value"])} that the difference exceeds that{", significa
 <p><b>Coverage</b>: {_fmt(c["fraction_in_support"])} of the policy's simulator steps lie inside the real logs'
 support ({_fmt(c["successful_fraction_in_support"])} on its successful episodes).
 <b>State visitation</b>, simulator vs model closed loop: block MMD p = {_fmt(v["p_value"])}{" (differs)" if v["differs"] else ""}.</p>
-<figure><img src='{_png(policy_return_figure(report))}' alt='policy returns'><figcaption>Each point is one initial
+<figure>{figure_img(policy_return_figure(report), "policy returns")}<figcaption>Each point is one initial
 condition: its return in the simulator and inside the model (bar: range over the model's
 rollouts).</figcaption></figure>
 <table><tr><th>channel</th><th>simulator q05, q50, q95</th><th>model q05, q50, q95</th><th>simulator inside model's 1-99%</th></tr>{ch_rows}</table>
 <h3>High-return episodes above every model rollout</h3>
 {ep_table}</div>
 """
+    return section("Policy, closed loop: simulator vs the model of reality", body, "policy-section")
 
 
 def regime_figure(channel: dict, obs: str):
@@ -264,7 +354,7 @@ def regime_figure(channel: dict, obs: str):
         ],
         float,
     )
-    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 3.6))
     ax.axhline(0, color="0.6", lw=0.8)
     ax.errorbar(
         x,
@@ -319,7 +409,7 @@ def regime_section(report: dict) -> str:
         ]
     obs_names = list(reg["channels"][0]["bins"][0]["effect"]) if reg["channels"] and reg["channels"][0]["bins"] else []
     figs = "".join(
-        f"<figure><img src='{_png(regime_figure(c, o))}' alt='regime {e(c['name'])}'><figcaption>{e(o)} error by "
+        f"<figure>{figure_img(regime_figure(c, o), 'regime ' + c['name'])}<figcaption>{e(o)} error by "
         f"{e(c['name'])} bin (bins: held-out real quantiles; shaded: flagged at the calibrated threshold)."
         "</figcaption></figure>"
         for c in chans[:4]
@@ -417,6 +507,13 @@ def render_html(report: dict) -> str:
     s = report["summary"]
     v = report["verdict"]
     rows = []
+    un = s.get("unattributed")
+    if un:  # a FAIL no gap row explains is a red row of its own, never an all-green table
+        rows.append(
+            f"<tr id='unattributed'><td><b>divergence, no gap named</b></td><td><span class='dot' "
+            f"style='background:{COLORS['present']}'></span>present</td><td>{e(', '.join(un['failing']))}</td>"
+            f"<td>–</td><td>–</td><td>{e(un['explanation'])}</td><td>{e(un['next_step'])}</td></tr>"
+        )
     for gap, g in report["gaps"].items():
         status = "confounded" if g.get("confounded_with") or g.get("confounded_with_policy") else g["verdict"]
         # Estimates are shown for gaps the evidence supports (the JSON keeps them all).
@@ -429,12 +526,36 @@ def render_html(report: dict) -> str:
             f"<td>{e(g.get('explanation', ''))}</td>"
             f"<td>{e(NEXT_STEPS.get(gap, '')) if g['verdict'] in ('present', 'tolerated') else ''}</td></tr>"
         )
+    drill = (report.get("figures") or {}).get("episodes") or {}
+    drilled = {d["episode"] for d in drill.get("episodes", [])}
+    worst_at = {}  # episode -> the overlay figure of one of the three worst blocks
+    for i, blk in enumerate(((report.get("figures") or {}).get("worst_blocks") or {}).get("worst_blocks", [])):
+        worst_at.setdefault(blk["episode"], f"worst-block-{i}")
+
+    def plots_cell(eid: int) -> str:
+        links = [f"<a href='#episode-{eid}'>episode plots</a>"] if eid in drilled else []
+        links += [f"<a href='#{worst_at[eid]}'>worst block</a>"] if eid in worst_at else []
+        return " · ".join(links) or "–"
+
     ep_rows = "".join(
         f"<tr><td>{ep['id']}</td><td>{e(str(ep.get('name') or ''))}</td>"
         f"<td class='v-{ep['verdict']}'>{ep['verdict']}</td>"
         f"<td>{ep['score']:.3f}</td><td>{_fmt(ep['divergence_onset_step'])}</td>"
-        f"<td>{ep['outside_competence_fraction']:.0%}</td></tr>"
+        f"<td>{ep['outside_competence_fraction']:.0%}</td><td>{plots_cell(ep['id'])}</td></tr>"
         for ep in sorted(report["episodes"], key=lambda x: -x["score"])[:50]
+    )
+    names = ((report.get("figures") or {}).get("worst_blocks") or {}).get("names", [])
+    by_id = {ep["id"]: ep for ep in report["episodes"]}
+    drill_items = "".join(
+        f"<details class='episode' id='episode-{d['episode']}'><summary>episode {d['episode']}"
+        f"{e(' (' + str(by_id[d['episode']]['name']) + ')') if by_id.get(d['episode'], {}).get('name') else ''}: "
+        f"{e(by_id.get(d['episode'], {}).get('verdict', ''))}, score {_fmt(by_id.get(d['episode'], {}).get('score'))}"
+        f"</summary><figure>{figure_img(episode_figure(d, drill, names), 'episode ' + str(d['episode']))}"
+        f"<figcaption>Top: the divergence score of each block of episode {d['episode']} along the episode, against"
+        f" the held-out real blocks' median and quantile. Below: its most divergent block"
+        f" ({e(_block_span(d['worst_block']))}); black: the checked trajectory, blue: the world model's"
+        f" prediction under the same commands.</figcaption></figure></details>"
+        for d in drill.get("episodes", [])
     )
     pw = report["power"]
     power_rows = "".join(
@@ -446,13 +567,13 @@ def render_html(report: dict) -> str:
     figs = []
     if report["divergence_curve"]["horizon_steps"]:  # empty when no block could be scored
         figs.append(
-            f"<figure><img src='{_png(divergence_figure(report))}' alt='divergence vs horizon'>"
+            f"<figure>{figure_img(divergence_figure(report), 'divergence vs horizon')}"
             "<figcaption>Standardised open-loop error vs horizon: checked episodes against held-out real episodes."
             "</figcaption></figure>"
         )
-    for caption, fig in overlay_figures(report):
+    for i, (caption, fig) in enumerate(overlay_figures(report)):
         figs.append(
-            f"<figure><img src='{_png(fig)}' alt='overlay'>"
+            f"<figure id='worst-block-{i}'>{figure_img(fig, 'overlay')}"
             f"<figcaption>Worst block: {e(caption)}. Black: the checked trajectory; blue: what the world model"
             " (trained on real logs) predicts under the same commands."
             "</figcaption></figure>"
@@ -461,32 +582,67 @@ def render_html(report: dict) -> str:
     th = report["thresholds"]
     warning = f"<p class='warn'>{e(th['calibration_warning'])}</p>" if th.get("calibration_warning") else ""
     banner = f"Verdict: <b>{e(v.upper())}</b> &nbsp; score {_fmt(s['score'])} &nbsp; top gap: {e(s['top_gap'])}"
-    body = f"""<p id="message">{e(s["message"])}</p>
-<p>{s["episodes"]} episodes checked: {s["consistent"]} consistent, {s["divergent"]} divergent, {s["unverifiable"]} unverifiable;
-{s.get("competent_blocks", 0)} of {s.get("blocks", 0)} blocks inside the model's competence. False-alarm budget alpha = {s["alpha"]} per run
-(thresholds from {e(str(th["source"]))}, {th.get("calibration_blocks")} held-out real blocks of
-{th.get("calibration_episodes", "?")} real episodes the model never trained on).</p>{warning}
-<h2>Reality-gap table</h2>
-<table id="gap-table"><tr><th>gap</th><th>status</th><th>evidence (&ge;1 = present)</th><th>estimate</th><th>90%
-interval</th><th>evidence detail</th><th>what to do next</th></tr>
-{"".join(rows)}</table>
-<h2>Where it diverges (operating regimes)</h2>
-{regime_section(report)}
-<h2>Divergence and overlays</h2>
-{"".join(figs)}
-{_policy_html(report)}
-<h2>Episodes (worst first)</h2>
-<table><tr><th>id</th><th>name</th><th>verdict</th><th>score</th><th>divergence onset (step)</th><th>outside competence</th></tr>{ep_rows}</table>
-<h2>What a pass is worth (power)</h2>
-<p>Detection probability of gaps injected into held-out real episodes, for a check of {pw["n_blocks"]} blocks, at
+    regimes_h = section("Where it diverges (operating regimes)", regime_section(report), "regimes-section")
+    drill_h = section(
+        "Episode drill-down",
+        (
+            f"<p>The {len(drill.get('episodes', []))} worst episodes, one by one (open one, or follow an episode's link"
+            f" in the table above).</p>{drill_items}"
+        )
+        if drill_items
+        else "<p>No episode was long enough for a block.</p>",
+        "drilldown",
+    )
+    power_h = section(
+        "What a pass is worth (power)",
+        f"""<p>Detection probability of gaps injected into held-out real episodes, for a check of {pw["n_blocks"]} blocks, at
 the calibrated threshold; the last column is the smallest size detected with probability &ge;
 {pw["target"]:.0%}.{_power_note(pw)}</p>
-<table id="power-table"><tr><th>gap</th><th>units</th><th colspan="4">size: detection probability</th><th>smallest detected</th></tr>{power_rows}</table>
-<h2>The model (quality card)</h2>
-{_quality_html(prov.get("model_quality"))}
-<h2>Provenance</h2>
-<p><code>{e(prov["command"])}</code><br>wmcheck {e(prov["wmcheck_version"])}; model sha256
-{e(prov["model_sha256"][:16])}…; training data sha256 {e(prov["training_data_sha256"][:16])}…; rollouts
-{e(prov["rollouts"])} ({e(prov["rollouts_sha256"][:16])}…); {prov["seconds"]} s.</p>
-<script type="application/json" id="report-json">{e(json.dumps({k: report[k] for k in ("verdict", "summary")}))}</script>"""
+<table id="power-table"><tr><th>gap</th><th>units</th><th colspan="4">size: detection probability</th><th>smallest detected</th></tr>{power_rows}</table>""",
+        "power",
+    )
+    body = f"""<p id="message">{e(s["message"])}</p>
+<p>{s["episodes"]} episodes checked: {s["consistent"]} consistent, {s["divergent"]} divergent, {
+        s["unverifiable"]
+    } unverifiable;
+{s.get("competent_blocks", 0)} of {
+        s.get("blocks", 0)
+    } blocks inside the model's competence. False-alarm budget alpha = {s["alpha"]} per run
+(thresholds from {e(str(th["source"]))}, {th.get("calibration_blocks")} held-out real blocks of
+{th.get("calibration_episodes", "?")} real episodes the model never trained on).</p>{warning}
+{
+        section(
+            "Reality-gap table",
+            '<table id="gap-table"><tr><th>gap</th><th>status</th><th>evidence (&ge;1 = present)</th><th>estimate</th>'
+            "<th>90% interval</th><th>evidence detail</th><th>what to do next</th></tr>" + "".join(rows) + "</table>",
+            "gaps",
+        )
+    }
+{regimes_h}
+{section("Divergence and overlays", "".join(figs), "overlays")}
+{_policy_html(report)}
+{
+        section(
+            "Episodes (worst first)",
+            "<table id='episode-table'><tr><th>id</th><th>name</th><th>verdict</th><th>score</th>"
+            "<th>divergence onset (step)</th><th>outside competence</th><th>plots</th></tr>" + ep_rows + "</table>",
+            "episodes",
+        )
+    }
+{drill_h}
+{power_h}
+{section("The model (quality card)", _quality_html(prov.get("model_quality")), "quality")}
+{
+        section(
+            "Provenance",
+            f"<p><code>{e(prov['command'])}</code><br>wmcheck {e(prov['wmcheck_version'])}; model sha256 "
+            f"{e(prov['model_sha256'][:16])}…; training data sha256 {e(prov['training_data_sha256'][:16])}…; rollouts "
+            f"{e(prov['rollouts'])} ({e(prov['rollouts_sha256'][:16])}…); {prov['seconds']} s.</p>",
+            "provenance",
+        )
+    }
+{OPEN_TARGET_JS}
+<script type="application/json" id="report-json">{
+        e(json.dumps({k: report[k] for k in ("verdict", "summary")}))
+    }</script>"""
     return page(f"wmcheck report: {v}", VERDICT_COLORS[v], banner, body)

@@ -6,7 +6,7 @@ import html
 import json
 from pathlib import Path
 
-from wmcheck.checks.report_html import _png, page
+from wmcheck.checks.report_html import FIG_WIDTH, figure_img, page
 from wmcheck.datasets.atomic import write_text_atomic
 
 COLORS = {"better": "#2e7d32", "no difference": "#2e7d32", "worse": "#c62828", "unverifiable": "#ef6c00"}
@@ -19,7 +19,7 @@ def difference_figure(report: dict):
     import matplotlib.pyplot as plt
 
     ps = report["per_start"]
-    fig, ax = plt.subplots(figsize=(8, 3))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH, 3.6))
     ok = [d for d, out in zip(ps["difference"], ps["leaves"]) if not out]
     gone = [d for d, out in zip(ps["difference"], ps["leaves"]) if out]
     ax.hist([ok, gone], bins=30, stacked=True, label=["inside competence", "proposals leave competence"])
@@ -47,7 +47,7 @@ def render_shadow_html(report: dict) -> str:
 <td>{_f(rd["model_resolution"])}</td><td>{comp["proposals_leave"]:.0%}</td><td>{comp["baseline_leaves"]:.0%}</td></tr></table>
 <h2>Where the proposals lead (predicted observations over the horizon, proposals minus baseline)</h2>
 <table><tr><th>channel</th><th>unit</th><th>mean difference</th><th>mean |difference|</th></tr>{rows}</table>
-<figure><img src='{_png(difference_figure(report))}' alt='return differences'><figcaption>Predicted return difference
+<figure>{figure_img(difference_figure(report), "return differences")}<figcaption>Predicted return difference
 of every start: following the logged proposals against the logged baseline commands, from the same latent state.</figcaption></figure>
 <h2>Provenance</h2><p><code>{e(str(report["provenance"]["command"]))}</code><br>wmcheck {e(report["provenance"]["wmcheck_version"])};
 model sha256 {e(report["provenance"]["model_sha256"][:16])}…; log {e(report["provenance"]["log"])}</p>"""

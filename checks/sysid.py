@@ -600,6 +600,13 @@ class Estimate:
     at_bound: bool = False  # at the edge of what the model can judge
 
 
+def excludes_identity(e: Estimate) -> bool:
+    """Whether the estimate's 95 % interval leaves out the identity (gain 1, any other kind 0)."""
+    identity = 1.0 if e.param.kind == "gain" else 0.0
+    lo, hi = e.interval
+    return not (lo <= identity <= hi)
+
+
 def physical(p: Param, theta: float, act_std: np.ndarray) -> float:
     if p.kind == "delay":
         return float(theta)

@@ -9,7 +9,9 @@ the real logs never saw `unverifiable`, never `pass`.
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -72,6 +74,18 @@ def test_faithful_simulator_passes(pendulum, tmp_path):
     # the team may accept a partial pass explicitly: no gap type required
     partial = run_check(run, sim, Gate(require_power=[]))
     assert partial["verdict"] == "pass" and partial["exit_code"] == 0
+    # what the pass says it would have caught is what its power table shows detected (never a 0 % size)
+    caught = re.search(r"would have caught: (.*?)\.(?: |$)", partial["summary"]["message"]).group(1)
+    claims = [] if caught == "none of the injected gap sizes" else caught.split(", ")
+    for claim in claims:
+        gap, size = re.match(r"(\w+) >= ([\d.e+-]+) ", claim).groups()
+        row = partial["power"]["gaps"][gap]
+        at = int(np.argmin(np.abs(np.asarray(row["sizes"], float) - float(size))))
+        assert np.isclose(row["sizes"][at], float(size)), (claim, row["sizes"])
+        assert row["detection_probability"][at] >= partial["power"]["target"], (claim, row)
+    undetected = [g for g, row in partial["power"]["gaps"].items() if row["smallest_detected"] is None]
+    assert len(claims) + len(undetected) == len(partial["power"]["gaps"])
+    assert all(g in partial["summary"]["message"].split("Not detectable at the tested sizes:")[-1] for g in undetected)
     quality = report["provenance"]["model_quality"]  # a pass needs a model better than ARX (R9)
     assert quality["competent"] and quality["nrmse_world_model"] < quality["nrmse_arx"]
 
@@ -178,7 +192,13 @@ def test_grid_attribution_fallback_still_finds_the_latency(pendulum, latency_rep
     run, meta, tmp = pendulum
     grid_run = tmp_path / "run-grid"
     shutil.copytree(run, grid_run)
-    calibrate(grid_run, tmp / "real.h5", replace(light_config, attribution="grid"), verbose=False)
+    calibrate(
+        grid_run,
+        tmp / "real.h5",
+        replace(light_config, attribution="grid"),
+        verbose=False,
+        extra_real=[tmp / "real_extra.h5"],  # the same held-out episodes as the fixture's calibration
+    )
     report = run_check(grid_run, latency_report[1])
     assert report["summary"]["top_gap"] == "latency", report["gaps"]
     est = report["gaps"]["latency"]["estimate"]
@@ -257,6 +277,66 @@ def test_report_files_schema_html_and_gate(pendulum, latency_report, tmp_path):
         Gate.load(bad_gate)
 
 
+def test_the_html_report_can_be_read_and_navigated_in_a_browser(latency_report, tmp_path):
+    """Sections collapse; every episode row that has plots links to them and the link opens them;
+    figures are at least 900 CSS px wide and drawn at twice that (sharp on high-DPI screens)."""
+    report, _ = latency_report
+    paths = write_outputs(report, tmp_path / "report", tensorboard=False)
+    html_text = paths["html"].read_text()
+    dom = browser.dom(paths["html"], tmp_path)
+    sections = re.findall(r'<details class="section" id="([\w-]+)" open="">', dom)
+    assert {"gaps", "regimes-section", "overlays", "episodes", "drilldown", "power", "quality"} <= set(sections)
+    drilled = [d["episode"] for d in report["figures"]["episodes"]["episodes"]]
+    worst = sorted(report["episodes"], key=lambda x: -x["score"])
+    assert drilled and drilled == [e["id"] for e in worst[: len(drilled)]]  # the worst, in the table's order
+    for eid in drilled:  # each drilled episode: a link in its row, and the target it points to
+        assert f'<a href="#episode-{eid}">episode plots</a>' in dom
+        assert f'<details class="episode" id="episode-{eid}">' in dom  # closed until asked for
+    opened = browser.dom(paths["html"], tmp_path, fragment=f"episode-{drilled[-1]}")
+    assert f'<details class="episode" id="episode-{drilled[-1]}" open="">' in opened
+    assert f'<details class="episode" id="episode-{drilled[0]}">' in opened  # the others stay closed
+    images = browser.layout(paths["html"], tmp_path)
+    assert len(images) == html_text.count("<img ") >= 3 + len(drilled)
+    for alt, shown, natural_w, _natural_h in images:
+        assert shown >= 900, (alt, shown)
+        assert natural_w >= 2 * shown - 2, (alt, shown, natural_w)  # 2x for high-DPI screens
+    # on a narrow screen the figures shrink to fit instead of overflowing
+    narrow = browser.layout(paths["html"], tmp_path, window=(700, 900))
+    assert all(shown <= 700 for _alt, shown, _w, _h in narrow)
+
+
+def test_an_unattributed_failure_is_a_red_row_with_what_to_do_next(latency_report, tmp_path):
+    """A FAIL that no gap row explains never sits above an all-green table: the rule (report_build.
+    unattributed) and its row in the HTML, with its next step."""
+    from wmcheck.checks import report_build as rb
+    from wmcheck.checks.decision import Decision
+
+    absent = dict.fromkeys(("latency", "actuator", "sensor_noise", "dynamics"), "absent")
+    dec = Decision("fail", 1, {}, absent, failing=("pooled",))
+    assert rb.unattributed(dec)
+    assert not rb.unattributed(Decision("fail", 1, {}, absent, top_gap="dynamics", failing=("pooled",)))
+    assert not rb.unattributed(Decision("fail", 1, {}, absent, failing=("gaps",)))
+    assert not rb.unattributed(Decision("fail", 1, {}, absent, confounded=["latency", "actuator"], failing=("pooled",)))
+    assert not rb.unattributed(Decision("pass", 0, {}, absent))
+    report, _ = latency_report
+    assert report["summary"]["unattributed"] is None  # attributed (latency): no extra row
+    for row in report["gaps"].values():  # and every present gap says what to do next
+        assert row["verdict"] != "present" or row.get("next_step"), row
+    green = json.loads(write_outputs(report, tmp_path / "as-written", tensorboard=False)["json"].read_text())
+    for row in green["gaps"].values():
+        row["verdict"] = "absent" if row["verdict"] == "present" else row["verdict"]
+    green["summary"]["top_gap"] = "none"
+    green["summary"]["unattributed"] = {
+        "failing": ["pooled"],
+        "explanation": "x",
+        "next_step": rb.UNATTRIBUTED_NEXT_STEP,
+    }
+    paths = write_outputs(green, tmp_path / "green", tensorboard=False)
+    dom = browser.dom(paths["html"], tmp_path)
+    row = re.search(r'<tr id="unattributed">(.*?)</tr>', dom, re.S)
+    assert row and "present" in row.group(1) and rb.UNATTRIBUTED_NEXT_STEP in html.unescape(row.group(1))
+
+
 def test_cli_bad_input_exit_2(pendulum, tmp_path):
     from wmcheck.scripts.cli import main
 
@@ -318,11 +398,14 @@ def test_calibrate_with_extra_real_logs_never_on_training_data(pendulum, tmp_pat
     extra = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=4, max_steps=200, seed=9100)
     write_log(tmp_path / "extra.h5", extra, meta)  # meta.source == "real"
     light = ["--max-delay", "2"]
-    code = main(["calibrate", str(copy), str(tmp / "real.h5"), "--real", str(tmp_path / "extra.h5"), *light])
+    fixture_extra = ["--real", str(tmp / "real_extra.h5")]  # the fixture's calibration already had these
+    code = main(
+        ["calibrate", str(copy), str(tmp / "real.h5"), *fixture_extra, "--real", str(tmp_path / "extra.h5"), *light]
+    )
     after = json.loads((copy / "calibration.json").read_text())["info"]
     assert code == 0
     assert len(after["held_out_episodes"]) == len(before["held_out_episodes"]) + 4
-    assert after["blocks"] > before["blocks"] and after["extra_real"][0]["episodes"] == 4
+    assert after["blocks"] > before["blocks"] and [e["episodes"] for e in after["extra_real"]] == [12, 4]
     assert len(set(after["held_out_episodes"])) == len(after["held_out_episodes"])  # ids stay unique
     rewritten = json.loads((copy / "quality.json").read_text())
     assert (
@@ -338,7 +421,7 @@ def test_calibrate_with_extra_real_logs_never_on_training_data(pendulum, tmp_pat
     with open_log(tmp_path / "extra.h5") as log:
         assert {episode_fingerprint(e) for e in log} <= known
     with open_log(tmp / "real.h5") as log:
-        assert {episode_fingerprint(e) for e in log} <= known and len(known) == len(log.episode_ids) + 4
+        assert {episode_fingerprint(e) for e in log} <= known and len(known) == len(log.episode_ids) + 12 + 4
     mon = ["monitor", str(copy), "--real", str(tmp_path / "extra.h5"), "--out", str(tmp_path / "mon")]
     assert main([*mon, "--period", "1", "--no-tensorboard"]) == 0
     state = json.loads((tmp_path / "mon" / "monitor_state.json").read_text())
