@@ -313,6 +313,20 @@ def check_format(attrs) -> list[str]:
     return problems
 
 
+def _json_object(attrs, key: str, shape: str, problems: list[str]) -> dict | None:
+    """The file attribute `key` as a JSON object; None when absent, and a problem when it is not one."""
+    if key not in attrs:
+        return None
+    try:
+        value = json.loads(attr_str(attrs[key]))
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        problems.append(f"{key} is not a JSON object {shape}")
+        return None
+    return value
+
+
 def meta_from_attrs(attrs, obs_names: list[str], action_names: list[str]) -> LogMeta:
     """LogMeta from file attributes; names fall back to the given generated ones.
 
@@ -326,24 +340,9 @@ def meta_from_attrs(attrs, obs_names: list[str], action_names: list[str]) -> Log
             dt = float(attrs["dt"])
         except (TypeError, ValueError):
             problems.append(f"dt {attrs['dt']!r} is not a number")
-    units = {}
-    if "units" in attrs:
-        try:
-            units = json.loads(attr_str(attrs["units"]))
-            if not isinstance(units, dict):
-                raise ValueError
-        except ValueError:
-            problems.append("units is not a JSON object {channel: unit}")
-            units = {}
+    units = _json_object(attrs, "units", "{channel: unit}", problems) or {}
     env_id = attr_str(attrs["env_id"]) if "env_id" in attrs else None
-    env_kwargs = None
-    if "env_kwargs" in attrs:
-        try:
-            env_kwargs = json.loads(attr_str(attrs["env_kwargs"]))
-            if not isinstance(env_kwargs, dict):
-                raise ValueError
-        except ValueError:
-            problems.append("env_kwargs is not a JSON object {name: value}")
+    env_kwargs = _json_object(attrs, "env_kwargs", "{name: value}", problems)
     try:
         meta = LogMeta(
             source=source,
