@@ -602,8 +602,9 @@ def _regimes(sc, blocks, competent, cal, norm, channels, meta, alpha, seed) -> d
     )
 
 
-DRILLDOWN_EPISODES = 6
-"""Episodes the report draws one by one (the worst by episode score, as its episode table sorts them)."""
+DRILLDOWN_EPISODES = 4
+"""Episodes the report draws one by one: those holding the three most divergent blocks, then the
+worst by episode score (as its episode table sorts them)."""
 
 
 def _block_plot(sc, blocks, b: int, norm, cfg) -> dict:
@@ -630,19 +631,21 @@ def _plot_data(sc, blocks, comp_idx, norm, channels, cfg) -> dict:
 
 
 def _episode_plots(sc, blocks, episodes, real, norm, cfg, alpha: float) -> dict:
-    """The report's drill-down, for the DRILLDOWN_EPISODES worst episodes: each block's start step
+    """The report's drill-down, for DRILLDOWN_EPISODES episodes (see there): each block's start step
     and divergence score along the episode, and its most divergent block's overlay data; with the
     held-out real blocks' median and (1 - alpha) quantile of the same score to read them against."""
+    worst_blocks = [int(blocks.episode[b]) for b in np.argsort(-sc.divergence)[:3]]
+    by_score = [int(e.id) for e in sorted(episodes, key=lambda x: -x.score)]
     out = []
-    for e in sorted(episodes, key=lambda x: -x.score)[:DRILLDOWN_EPISODES]:
-        idx = np.flatnonzero(blocks.episode == e.id)
+    for eid in list(dict.fromkeys(worst_blocks + by_score))[:DRILLDOWN_EPISODES]:
+        idx = np.flatnonzero(blocks.episode == eid)
         if not len(idx):
             continue
         idx = idx[np.argsort(blocks.start[idx])]
         worst = int(idx[np.argmax(sc.divergence[idx])])
         out.append(
             {
-                "episode": int(e.id),
+                "episode": eid,
                 "block_start": [int(x) for x in blocks.start[idx]],
                 "divergence": rb.rlist(sc.divergence[idx]),
                 "worst_block": _block_plot(sc, blocks, worst, norm, cfg),

@@ -678,6 +678,12 @@ UNATTRIBUTED_NEXT_STEP = (
 )
 
 
+POLICY_GATE_NEXT_STEP = (
+    "the policy does not meet the release gate (see the policy section: episodes, success rate, exploitation of "
+    "the simulator): fix what its rows name in the policy or the simulator, then re-check"
+)
+
+
 def unattributed(dec: Decision) -> bool:
     """A failing run whose divergence (episodes or the pooled test) no gap row explains."""
     return (

@@ -18,6 +18,7 @@ import json
 import numpy as np
 
 from wmcheck.checks.check import NEXT_STEPS
+from wmcheck.checks.report_build import POLICY_GATE_NEXT_STEP
 
 COLORS = {
     "present": "#d9534f",
@@ -60,38 +61,32 @@ def page(title: str, colour: str, banner: str, body: str) -> str:
 </body></html>"""
 
 
-FIG_WIDTH = 10.0
-"""Inches at FIG_DPI: every report figure is about 1000 CSS pixels wide (at least 900 after the
-tight bounding box trims its margins)."""
+FIG_WIDTH = 9.6
+"""Inches at FIG_DPI: every report figure is 960 CSS pixels wide."""
 FIG_DPI = 100
 FIG_SCALE = 2
 """Pixels per CSS pixel: figures are rendered at twice their displayed size (sharp on high-DPI screens)."""
 
 
 def _png(fig) -> tuple[str, int, int]:
-    """The figure as a PNG data URI and its displayed (CSS pixel) width and height; closes it."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=FIG_DPI * FIG_SCALE, bbox_inches="tight")
+    """The figure as a palette PNG data URI and its displayed (CSS pixel) width and height; closes it.
+    Drawn once at FIG_SCALE x FIG_DPI and quantised from the canvas's pixels (no RGBA PNG in between)."""
     import matplotlib.pyplot as plt
+    from PIL import Image
 
+    fig.set_dpi(FIG_DPI * FIG_SCALE)
+    fig.canvas.draw()
+    rgba = fig.canvas.buffer_rgba()
+    width, height = fig.canvas.get_width_height(physical=True)
     plt.close(fig)
-    data = _palette_png(buf.getvalue())
-    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # the PNG IHDR
-    return "data:image/png;base64," + base64.b64encode(data).decode(), width // FIG_SCALE, height // FIG_SCALE
+    img = Image.frombuffer("RGBA", (width, height), rgba, "raw", "RGBA", 0, 1).convert("RGB")
+    out = io.BytesIO()
+    img.quantize(colors=PALETTE_COLORS, method=Image.Quantize.FASTOCTREE).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode(), width // FIG_SCALE, height // FIG_SCALE
 
 
 PALETTE_COLORS = 64
 """Colours of a figure's PNG: line plots need few, and a palette PNG at 2x is ~4x smaller than RGBA."""
-
-
-def _palette_png(data: bytes) -> bytes:
-    """The PNG re-encoded with an adaptive palette (Pillow, which matplotlib itself requires)."""
-    from PIL import Image
-
-    img = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=PALETTE_COLORS, method=Image.Quantize.FASTOCTREE)
-    out = io.BytesIO()
-    img.save(out, format="PNG")
-    return out.getvalue()
 
 
 def figure_img(fig, alt: str) -> str:
@@ -169,7 +164,7 @@ def overlay_figures(report: dict, max_channels: int = 6) -> list[tuple[str, obje
     return out
 
 
-def episode_figure(ep: dict, drill: dict, names: list, max_channels: int = 4):
+def episode_figure(ep: dict, drill: dict, names: list, max_channels: int = 3):
     """One episode's drill-down: the divergence score of each of its blocks along the episode
     against the held-out real blocks' median and quantile, then its most divergent block's overlay."""
     import matplotlib
@@ -459,9 +454,14 @@ def _fmt(v) -> str:
 
 
 def _estimate_text(gap: str, row: dict) -> str:
-    """A gap row's estimate as the table shows it: the distribution row in words, the others as
-    their key figures (the JSON keeps everything)."""
+    """A gap row's estimate as the table shows it: the distribution, latency and actuator rows in
+    words, the others as their key figures (the JSON keeps everything)."""
     est = row.get("estimate")
+    if gap == "actuator" and isinstance(est, dict) and est.get("kind") and est.get("value") is not None:
+        return f"{est['kind']} {est['value']:.3g} on {est['channel']}"
+    if gap == "latency" and isinstance(est, dict) and est.get("steps") is not None:
+        ms = f" ({est['seconds'] * 1000:.0f} ms)" if est.get("seconds") is not None else ""
+        return f"{est['steps']:.3g} steps{ms}: {est['direction']}"
     if gap != "distribution" or not isinstance(est, dict) or "coverage" not in est:
         return _fmt(est)
     text = (
@@ -514,6 +514,13 @@ def render_html(report: dict) -> str:
             f"style='background:{COLORS['present']}'></span>present</td><td>{e(', '.join(un['failing']))}</td>"
             f"<td>–</td><td>–</td><td>{e(un['explanation'])}</td><td>{e(un['next_step'])}</td></tr>"
         )
+    if "policy_gate" in s.get("failing", []):  # a failed policy gate fails the run: the table says so too
+        rows.append(
+            f"<tr id='policy-gate-row'><td><b><a href='#policy-section'>policy gate</a></b></td><td><span class='dot' "
+            f"style='background:{COLORS['present']}'></span>not met</td><td>–</td><td>–</td><td>–</td>"
+            f"<td>{e('; '.join((report.get('policy') or {}).get('gate', {}).get('reasons', [])))}</td>"
+            f"<td>{e(POLICY_GATE_NEXT_STEP)}</td></tr>"
+        )
     for gap, g in report["gaps"].items():
         status = "confounded" if g.get("confounded_with") or g.get("confounded_with_policy") else g["verdict"]
         # Estimates are shown for gaps the evidence supports (the JSON keeps them all).
@@ -528,14 +535,9 @@ def render_html(report: dict) -> str:
         )
     drill = (report.get("figures") or {}).get("episodes") or {}
     drilled = {d["episode"] for d in drill.get("episodes", [])}
-    worst_at = {}  # episode -> the overlay figure of one of the three worst blocks
-    for i, blk in enumerate(((report.get("figures") or {}).get("worst_blocks") or {}).get("worst_blocks", [])):
-        worst_at.setdefault(blk["episode"], f"worst-block-{i}")
 
     def plots_cell(eid: int) -> str:
-        links = [f"<a href='#episode-{eid}'>episode plots</a>"] if eid in drilled else []
-        links += [f"<a href='#{worst_at[eid]}'>worst block</a>"] if eid in worst_at else []
-        return " · ".join(links) or "–"
+        return f"<a href='#episode-{eid}'>episode plots</a>" if eid in drilled else "–"
 
     ep_rows = "".join(
         f"<tr><td>{ep['id']}</td><td>{e(str(ep.get('name') or ''))}</td>"
@@ -571,12 +573,10 @@ def render_html(report: dict) -> str:
             "<figcaption>Standardised open-loop error vs horizon: checked episodes against held-out real episodes."
             "</figcaption></figure>"
         )
-    for i, (caption, fig) in enumerate(overlay_figures(report)):
+    if drilled:
         figs.append(
-            f"<figure id='worst-block-{i}'>{figure_img(fig, 'overlay')}"
-            f"<figcaption>Worst block: {e(caption)}. Black: the checked trajectory; blue: what the world model"
-            " (trained on real logs) predicts under the same commands."
-            "</figcaption></figure>"
+            "<p>The worst blocks against the model's prediction are in the <a href='#drilldown'>episode drill-down</a>"
+            " below: the episodes holding the three most divergent blocks come first.</p>"
         )
     prov = report["provenance"]
     th = report["thresholds"]
@@ -586,8 +586,8 @@ def render_html(report: dict) -> str:
     drill_h = section(
         "Episode drill-down",
         (
-            f"<p>The {len(drill.get('episodes', []))} worst episodes, one by one (open one, or follow an episode's link"
-            f" in the table above).</p>{drill_items}"
+            f"<p>{len(drill.get('episodes', []))} episodes one by one: those holding the three most divergent blocks,"
+            f" then the worst by score (open one, or follow an episode's link in the table above).</p>{drill_items}"
         )
         if drill_items
         else "<p>No episode was long enough for a block.</p>",

@@ -27,6 +27,7 @@ def difference_figure(report: dict):
     ax.set_xlabel(f"predicted return difference per {report['return_difference']['per']} (proposals - baseline)")
     ax.set_ylabel("starts")
     ax.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 
