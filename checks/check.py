@@ -623,24 +623,27 @@ def _block_plot(sc, blocks, b: int, norm, cfg) -> dict:
 
 def _plot_data(sc, blocks, comp_idx, norm, channels, cfg) -> dict:
     """The three most divergent blocks: checked trajectory, predicted mean and 90 % band (raw units)."""
-    worst = [int(i) for i in np.argsort(-sc.divergence)[:3]]
     return {
-        "worst_blocks": [_block_plot(sc, blocks, b, norm, cfg) for b in worst],
+        "worst_blocks": [_block_plot(sc, blocks, b, norm, cfg) for b in _worst_blocks(sc)],
         "names": channels.get("observation_names", []),
     }
+
+
+def _worst_blocks(sc, n: int = 3) -> list[int]:
+    """The n most divergent blocks, most divergent first."""
+    return [int(i) for i in np.argsort(-sc.divergence)[:n]]
 
 
 def _episode_plots(sc, blocks, episodes, real, norm, cfg, alpha: float) -> dict:
     """The report's drill-down, for DRILLDOWN_EPISODES episodes (see there): each block's start step
     and divergence score along the episode, and its most divergent block's overlay data; with the
     held-out real blocks' median and (1 - alpha) quantile of the same score to read them against."""
-    worst_blocks = [int(blocks.episode[b]) for b in np.argsort(-sc.divergence)[:3]]
-    by_score = [int(e.id) for e in sorted(episodes, key=lambda x: -x.score)]
+    worst_blocks = [int(blocks.episode[b]) for b in _worst_blocks(sc)]
+    scored = [e for e in episodes if e.blocks and np.isfinite(e.score)]  # an episode without blocks has none
+    by_score = [int(e.id) for e in sorted(scored, key=lambda x: -x.score)]
     out = []
     for eid in list(dict.fromkeys(worst_blocks + by_score))[:DRILLDOWN_EPISODES]:
         idx = np.flatnonzero(blocks.episode == eid)
-        if not len(idx):
-            continue
         idx = idx[np.argsort(blocks.start[idx])]
         worst = int(idx[np.argmax(sc.divergence[idx])])
         out.append(

@@ -17,7 +17,6 @@ import json
 
 import numpy as np
 
-from wmcheck.checks.check import NEXT_STEPS
 from wmcheck.checks.report_build import POLICY_GATE_NEXT_STEP
 
 COLORS = {
@@ -531,17 +530,17 @@ def render_html(report: dict) -> str:
             f"<td>{_fmt(g.get('evidence'))}</td><td>{e(_estimate_text(gap, g) if shown else '–')}</td>"
             f"<td>{e(_fmt(g.get('ci')) if shown else '–')}</td>"
             f"<td>{e(g.get('explanation', ''))}</td>"
-            f"<td>{e(NEXT_STEPS.get(gap, '')) if g['verdict'] in ('present', 'tolerated') else ''}</td></tr>"
+            f"<td>{e(g.get('next_step', ''))}</td></tr>"
         )
     drill = (report.get("figures") or {}).get("episodes") or {}
     drilled = {d["episode"] for d in drill.get("episodes", [])}
 
-    def plots_cell(eid: int) -> str:
-        return f"<a href='#episode-{eid}'>episode plots</a>" if eid in drilled else "–"
+    def plots_cell(eid) -> str:
+        return f"<a href='#episode-{int(eid)}'>episode plots</a>" if eid in drilled else "–"
 
     ep_rows = "".join(
-        f"<tr><td>{ep['id']}</td><td>{e(str(ep.get('name') or ''))}</td>"
-        f"<td class='v-{ep['verdict']}'>{ep['verdict']}</td>"
+        f"<tr><td>{int(ep['id'])}</td><td>{e(str(ep.get('name') or ''))}</td>"
+        f"<td class='v-{e(ep['verdict'])}'>{e(ep['verdict'])}</td>"
         f"<td>{ep['score']:.3f}</td><td>{_fmt(ep['divergence_onset_step'])}</td>"
         f"<td>{ep['outside_competence_fraction']:.0%}</td><td>{plots_cell(ep['id'])}</td></tr>"
         for ep in sorted(report["episodes"], key=lambda x: -x["score"])[:50]
@@ -549,7 +548,7 @@ def render_html(report: dict) -> str:
     names = ((report.get("figures") or {}).get("worst_blocks") or {}).get("names", [])
     by_id = {ep["id"]: ep for ep in report["episodes"]}
     drill_items = "".join(
-        f"<details class='episode' id='episode-{d['episode']}'><summary>episode {d['episode']}"
+        f"<details class='episode' id='episode-{int(d['episode'])}'><summary>episode {int(d['episode'])}"
         f"{e(' (' + str(by_id[d['episode']]['name']) + ')') if by_id.get(d['episode'], {}).get('name') else ''}: "
         f"{e(by_id.get(d['episode'], {}).get('verdict', ''))}, score {_fmt(by_id.get(d['episode'], {}).get('score'))}"
         f"</summary><figure>{figure_img(episode_figure(d, drill, names), 'episode ' + str(d['episode']))}"
@@ -578,6 +577,13 @@ def render_html(report: dict) -> str:
             "<p>The worst blocks against the model's prediction are in the <a href='#drilldown'>episode drill-down</a>"
             " below: the episodes holding the three most divergent blocks come first.</p>"
         )
+    elif "episodes" not in (report.get("figures") or {}):  # a report.json from before the drill-down
+        for caption, fig in overlay_figures(report):
+            figs.append(
+                f"<figure>{figure_img(fig, 'overlay')}<figcaption>Worst block: {e(caption)}. Black: the checked"
+                " trajectory; blue: what the world model (trained on real logs) predicts under the same commands."
+                "</figcaption></figure>"
+            )
     prov = report["provenance"]
     th = report["thresholds"]
     warning = f"<p class='warn'>{e(th['calibration_warning'])}</p>" if th.get("calibration_warning") else ""
@@ -590,7 +596,11 @@ def render_html(report: dict) -> str:
             f" then the worst by score (open one, or follow an episode's link in the table above).</p>{drill_items}"
         )
         if drill_items
-        else "<p>No episode was long enough for a block.</p>",
+        else (
+            "<p>No episode was long enough for a block.</p>"
+            if "episodes" in (report.get("figures") or {})
+            else "<p>Not in this report (written before the drill-down): re-run the check.</p>"
+        ),
         "drilldown",
     )
     power_h = section(
@@ -619,7 +629,7 @@ the calibrated threshold; the last column is the smallest size detected with pro
         )
     }
 {regimes_h}
-{section("Divergence and overlays", "".join(figs), "overlays")}
+{section("Divergence vs horizon", "".join(figs), "overlays")}
 {_policy_html(report)}
 {
         section(

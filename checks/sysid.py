@@ -604,7 +604,7 @@ def excludes_identity(e: Estimate) -> bool:
     """Whether the estimate's 95 % interval leaves out the identity (gain 1, any other kind 0)."""
     identity = 1.0 if e.param.kind == "gain" else 0.0
     lo, hi = e.interval
-    return not (lo <= identity <= hi)
+    return bool(np.isfinite(lo) and np.isfinite(hi)) and not (lo <= identity <= hi)  # NaN: nothing excluded
 
 
 def physical(p: Param, theta: float, act_std: np.ndarray) -> float:

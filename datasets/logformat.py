@@ -198,25 +198,30 @@ class LogWriter:
     def _write_file_attrs(self) -> None:
         if self._dims is None:
             raise ValueError(f"no episodes were added to {self.path}: a log needs at least one")
-        d, a, e = self._dims
-        m, attrs = self.meta, self._file.attrs
-        attrs["format"] = FORMAT_NAME
-        attrs["format_version"] = FORMAT_VERSION
-        attrs["source"] = m.source
-        if m.dt is not None:
-            attrs["dt"] = float(m.dt)
-        str_dtype = h5py.string_dtype()
-        for key, names, prefix, n in [
-            ("observation_names", m.observation_names, "obs", d),
-            ("action_names", m.action_names, "action", a),
-            ("input_names", m.input_names, "input", e),
-        ]:
-            attrs[key] = np.array(list(names) or _generated(prefix, n), dtype=str_dtype)
-        attrs["units"] = json.dumps(m.units)
-        if m.env_id is not None:
-            attrs["env_id"] = m.env_id
-            if m.env_kwargs:
-                attrs["env_kwargs"] = json.dumps(m.env_kwargs)
+        write_meta_attrs(self._file.attrs, self.meta, self._dims)
+
+
+def write_meta_attrs(attrs, m: LogMeta, dims: tuple[int, int, int]) -> None:
+    """The file attributes of a log with metadata `m` and widths (D, A, E): the one writer of them
+    (LogWriter, the Minari export); empty channel-name lists are generated for the widths."""
+    d, a, e = dims
+    attrs["format"] = FORMAT_NAME
+    attrs["format_version"] = FORMAT_VERSION
+    attrs["source"] = m.source
+    if m.dt is not None:
+        attrs["dt"] = float(m.dt)
+    str_dtype = h5py.string_dtype()
+    for key, names, prefix, n in [
+        ("observation_names", m.observation_names, "obs", d),
+        ("action_names", m.action_names, "action", a),
+        ("input_names", m.input_names, "input", e),
+    ]:
+        attrs[key] = np.array(list(names) or _generated(prefix, n), dtype=str_dtype)
+    attrs["units"] = json.dumps(m.units)
+    if m.env_id is not None:
+        attrs["env_id"] = m.env_id
+        if m.env_kwargs:
+            attrs["env_kwargs"] = json.dumps(m.env_kwargs)
 
 
 def _minari_dt(path: Path) -> float | None:

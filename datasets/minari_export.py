@@ -202,16 +202,17 @@ def _make_env(env_id: str, env_kwargs: dict | None):
     return make_env(env_id, env_kwargs), spec_json
 
 
-def _log_env_id(path: Path) -> str | None:
-    """The env id a log names: its `env_id` / `env` file attribute (`LogMeta.env_id`, written by
-    `wmcheck record`), else a Minari source's env_spec."""
-    with open_h5(path) as f:
-        for key in ("env_id", "env"):
-            value = f.attrs.get(key)
-            if value is not None:
-                return value.decode() if isinstance(value, bytes) else str(value)
+def _log_env(path: Path) -> tuple[str | None, dict | None]:
+    """The env id and kwargs a log names: `LogMeta.env_id` / `env_kwargs` (written by `wmcheck
+    record`), else a Minari source's env_spec (its id and kwargs)."""
+    with open_log(path) as reader:
+        if reader.meta.env_id is not None:
+            return reader.meta.env_id, reader.meta.env_kwargs
     spec = env_spec_dict(minari_metadata(path))
-    return spec["id"] if spec else None
+    if not spec:
+        return None, None
+    kwargs = spec.get("kwargs") if isinstance(spec.get("kwargs"), dict) else None
+    return spec["id"], ({k: v for k, v in kwargs.items() if k != "render_mode"} or None) if kwargs else None
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -260,12 +261,12 @@ def export_minari(
             )
         if src.resolve().is_relative_to(target.resolve()):
             raise UserError(f"{log} is inside the dataset {target} it would replace", "export under another id")
-    env_id = env if env is not None else _log_env_id(src)
+    env_id, named_kwargs = (env, None) if env is not None else _log_env(src)
+    if env is None and env_kwargs is None:
+        env_kwargs = named_kwargs  # the kwargs the log's env was made with
     notes: list[str] = []
     with open_log(src) as reader, open_h5(src) as raw:
         meta = reader.meta
-        if env is None and env_kwargs is None and env_id == meta.env_id:
-            env_kwargs = meta.env_kwargs  # the kwargs `wmcheck record` made the env with
         first = reader.read(reader.episode_ids[0])
         plan = _plan(meta, first, reader.group_specs(reader.episode_ids[0]), env_id, env_kwargs, notes)
         with _dataset_folder(target) as tmp:
@@ -355,24 +356,13 @@ def _dataset(g: h5py.Group, name: str, x: np.ndarray, frames: bool = False) -> N
 
 
 def _file_attrs(f: h5py.File, reader, meta: LogMeta, plan: _Plan) -> None:
-    """The log's own attributes, so that wmcheck reads the dataset back with its names and dt."""
-    from wmcheck.datasets.episode import FORMAT_NAME, FORMAT_VERSION
+    """The log's own attributes, so that wmcheck reads the dataset back with its names, dt and env."""
+    from wmcheck.datasets.logformat import write_meta_attrs
 
-    attrs, strings = f.attrs, h5py.string_dtype()
-    attrs["format"] = FORMAT_NAME
-    attrs["format_version"] = FORMAT_VERSION
-    attrs["source"] = meta.source
-    if meta.dt is not None:
-        attrs["dt"] = float(meta.dt)
-    for key, names in [
-        ("observation_names", meta.observation_names),
-        ("action_names", meta.action_names),
-        ("input_names", meta.input_names),
-    ]:
-        attrs[key] = np.array(list(names), dtype=strings)
-    attrs["units"] = json.dumps(meta.units)
+    dims = (len(meta.observation_names), len(meta.action_names), len(meta.input_names))
+    write_meta_attrs(f.attrs, meta, dims)
     if plan.discrete:
-        attrs["num_action_classes"] = int(plan.action_space.n)
+        f.attrs["num_action_classes"] = int(plan.action_space.n)
 
 
 def _metadata(dataset_id, plan: _Plan, meta: LogMeta, src: Path, episodes: int, steps: int, main: Path) -> dict:

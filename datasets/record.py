@@ -565,7 +565,8 @@ class Recorder:
         spec = getattr(self.env, "spec", None)
         if spec is None or spec.id not in gym.registry:
             return None, None
-        kwargs = self.env_kwargs if self.env_kwargs is not None else (dict(spec.kwargs) or None)  # an instance's own
+        kwargs = self.env_kwargs if self.env_kwargs is not None else dict(spec.kwargs)  # an instance's own
+        kwargs = {k: v for k, v in kwargs.items() if k != "render_mode"} or None  # how we recorded, not the env
         try:
             json.dumps(kwargs)
         except (TypeError, ValueError):

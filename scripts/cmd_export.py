@@ -9,8 +9,6 @@ UserError (exit 2) and nothing is left under the dataset's name.
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 from wmcheck.datasets.errors import UserError
 from wmcheck.scripts.config_args import env_kwargs_arg
@@ -66,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     spec = f", env_spec {r.env_id}" if r.env_id else ", no env_spec"
     print(f"wrote Minari dataset {r.dataset_id} to {r.path}: {r.episodes} episode(s), {r.steps:,} steps{spec}")
-    default = Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
-    where = "" if r.root.resolve() == default.resolve() else f"MINARI_DATASETS_PATH={r.root} "
+    from wmcheck.datasets.importers.minari_source import minari_root
+
+    where = "" if r.root.resolve() == minari_root().resolve() else f"MINARI_DATASETS_PATH={r.root} "
     print(f"load it with: {where}python -c \"import minari; print(minari.load_dataset('{r.dataset_id}'))\"")
     return 0

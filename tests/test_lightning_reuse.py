@@ -192,8 +192,9 @@ def _fit(pendulum_log, steps: int, bar) -> None:
     trainer.fit(module, datamodule=dm)
 
 
-def test_the_terminal_bar_counts_steps_of_max_steps(pendulum_log):
+def test_the_terminal_bar_counts_steps_of_max_steps(pendulum_log, monkeypatch):
     """On a terminal: one bar `step k/N` with N = max_steps, never Lightning's "Epoch 0/-2"."""
+    monkeypatch.delenv("WMCHECK_PROGRESS", raising=False)  # progress on, whatever the caller's shell says
     from wmcheck.training.progress import StepProgressBar, training_progress
 
     tty = FakeTTY()
@@ -205,9 +206,10 @@ def test_the_terminal_bar_counts_steps_of_max_steps(pendulum_log):
     assert "step 3/6" in text  # redrawn as it goes
 
 
-def test_log_progress_lines_are_sparse(pendulum_log):
+def test_log_progress_lines_are_sparse(pendulum_log, monkeypatch):
     """In a log (not a TTY): a line every LOG_EVERY_S seconds and the last, not one per step: 30 steps
     of a clock that advances 10 s per reading give a handful of lines, no carriage returns."""
+    monkeypatch.delenv("WMCHECK_PROGRESS", raising=False)
     from wmcheck.training.progress import StepLines, training_progress
 
     assert isinstance(training_progress(io.StringIO()), StepLines)

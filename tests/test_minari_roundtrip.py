@@ -335,6 +335,10 @@ def test_a_recorded_log_names_its_env_so_export_needs_no_env(tmp_path, root, min
     assert res.env_id == "Pendulum-v1"
     ds = minari.load_dataset("wmcheck/named-v0")
     assert ds.spec.env_spec.id == "Pendulum-v1" and ds.spec.env_spec.kwargs.get("g") == 9.5
+    back = tmp_path / "back.h5"  # and an import of the export names the same env
+    import_to_log("wmcheck/named-v0", back)
+    with open_log(back) as r:
+        assert (r.meta.env_id, r.meta.env_kwargs) == ("Pendulum-v1", {"g": 9.5})
 
     from gymnasium.envs.classic_control.pendulum import PendulumEnv
 

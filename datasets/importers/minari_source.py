@@ -195,13 +195,14 @@ def _positive(x) -> bool:
 def reality_warning(path: str | os.PathLike) -> str | None:
     """Why the log at `path` is not real data (the module doc's rule), or None when it is."""
     path = Path(path)
-    with open_h5(path) as f:
-        source = f.attrs.get("source")
-    source = source.decode() if isinstance(source, bytes) else (None if source is None else str(source))
+    with open_log(path) as reader:  # the reader's rule: a wmcheck log without a source is real
+        source = reader.meta.source
     if source == "real":
         return None
+    with open_h5(path) as f:
+        marked = "source" in f.attrs
     spec = env_spec_dict(minari_metadata(path))
-    if source is not None:
+    if marked:
         why = f"{path} is marked source {source!r} (it was recorded from a simulator or a policy)"
     elif spec is not None:
         why = (
@@ -233,7 +234,9 @@ def import_minari(path: str | Path, options: CopyOptions) -> ImportResult:
         first = reader.read(reader.episode_ids[0])
         d, a = first.observations.shape[1], first.actions.shape[1]
         e = first.input_array().shape[1]
-        dt = options.dt if options.dt is not None else src.dt
+        with open_h5(path) as raw:
+            stored = "dt" in raw.attrs  # else the reader's dt, if any, is the env spec's: say so below
+        dt = options.dt if options.dt is not None else (src.dt if stored else None)
         spec = env_spec_dict(minari_metadata(path))
         if dt is None and spec is not None:
             dt, how = env_spec_dt(spec)
@@ -249,6 +252,8 @@ def import_minari(path: str | Path, options: CopyOptions) -> ImportResult:
             action_names=options.names("action", src.action_names, a, "--action-cols"),
             input_names=options.names("input", src.input_names, e, "--input-cols"),
             units={**src.units, **options.units},
+            env_id=src.env_id,
+            env_kwargs=src.env_kwargs,
         )
     except BaseException:
         reader.close()
