@@ -58,8 +58,8 @@ SYSTEMS = {
     "pendulum": {"env": "Pendulum-v1", "preset": "debug", "obs": ["cos_theta", "sin_theta", "theta_dot"], "dt": 0.05},
     "halfcheetah": {"env": "HalfCheetah-v5", "preset": "size1m", "obs": None, "dt": 0.05},
 }
-STAGES = {  # stage -> the names in checks.check that run_check calls for it
-    "scoring": ("score_blocks",),
+STAGES = {  # stage -> the names in checks.check that run_check calls for it ("Calibration.x": a method)
+    "scoring": ("Calibration.score",),
     "attribution": ("run_gap_tests",),
     "power": ("cached_power_table",),
     "statistics": ("_competence", "_divergence", "_distribution", "_regimes", "ending_evidence", "_flagged_blocks"),
@@ -69,26 +69,36 @@ STAGES = {  # stage -> the names in checks.check that run_check calls for it
 
 @contextmanager
 def stage_timers(totals: dict[str, float]):
-    """Wrap the functions of STAGES in checks.check so that their wall time adds up in `totals`."""
-    saved = {}
+    """Wrap the functions of STAGES in checks.check so that their wall time adds up in `totals`.
+    Only the outermost timed call counts: the blocks the gap tests re-score are attribution time."""
+    from wmcheck.checks.calibration import Calibration
+
+    saved, active = [], []
     for stage, names in STAGES.items():
         for name in names:
-            fn = getattr(check_module, name)
-            saved[name] = fn
+            owner, attr = (
+                (Calibration, name.split(".", 1)[1]) if name.startswith("Calibration.") else (check_module, name)
+            )
+            fn = getattr(owner, attr)
+            saved.append((owner, attr, fn))
 
             def timed(*a, _fn=fn, _stage=stage, **kw):
+                if active:  # inside another stage: its time
+                    return _fn(*a, **kw)
+                active.append(_stage)
                 t0 = time.perf_counter()
                 try:
                     return _fn(*a, **kw)
                 finally:
+                    active.pop()
                     totals[_stage] = totals.get(_stage, 0.0) + time.perf_counter() - t0
 
-            setattr(check_module, name, timed)
+            setattr(owner, attr, timed)
     try:
         yield totals
     finally:
-        for name, fn in saved.items():
-            setattr(check_module, name, fn)
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
 
 
 def startup_seconds(log: Path, reps: int = 3) -> dict[str, float]:

@@ -333,3 +333,39 @@ def test_bench_twins_truth_and_method_of_bins():
     truth = bt.twin_truth(biased, real, names, [(0, 6), (6, 12)])
     assert [t["median"] for t in truth] == pytest.approx([100.0, 100.0], abs=1e-3)
     assert all(t["ci"][0] <= 100.0 + 1e-3 and t["ci"][1] >= 100.0 - 1e-3 and t["steps"] > 0 for t in truth)
+
+
+def test_bench_check_small(tmp_path):
+    """bench_check.py end to end on a tiny Pendulum run: every stage it times is found in checks.check
+    (a renamed function made it crash before it printed anything) and the stages add up to the total."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WMCHECK_PROGRESS="0")
+    args = [
+        "--episodes",
+        "3",
+        "--real-episodes",
+        "8",
+        "--train-steps",
+        "20",
+        "--no-tensorboard",
+        "--out",
+        str(tmp_path),
+    ]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_check.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((tmp_path / "bench_check.json").read_text())
+    assert data["benchmark"] == "check_speed"
+    checks = data["systems"][0]["checks"]
+    assert [c["episodes"] for c in checks] == [3, 3] and [c["power_cached"] for c in checks] == [False, True]
+    for c in checks:
+        stages = c["stages"]
+        assert {"scoring", "attribution", "power", "statistics", "report", "other"} <= set(stages)
+        assert stages["scoring"] > 0 and stages["report"] > 0 and all(v >= 0 for v in stages.values())
+        assert math.isclose(sum(stages.values()), c["seconds"], rel_tol=0.05, abs_tol=0.05)
+    assert (tmp_path / "bench_check.md").read_text().count("| 3 |") == 2
