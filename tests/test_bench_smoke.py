@@ -18,10 +18,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(script: str, *args: str) -> None:
+def _run(script: str, *args: str, quick: bool = True) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), "--quick", *args],
+        [sys.executable, str(ROOT / "scripts" / script), *(["--quick"] if quick else []), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -338,27 +338,8 @@ def test_bench_twins_truth_and_method_of_bins():
 def test_bench_check_small(tmp_path):
     """bench_check.py end to end on a tiny Pendulum run: every stage it times is found in checks.check
     (a renamed function made it crash before it printed anything) and the stages add up to the total."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WMCHECK_PROGRESS="0")
-    args = [
-        "--episodes",
-        "3",
-        "--real-episodes",
-        "8",
-        "--train-steps",
-        "20",
-        "--no-tensorboard",
-        "--out",
-        str(tmp_path),
-    ]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_check.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    args = ["--episodes", "3", "--real-episodes", "8", "--train-steps", "20", "--no-tensorboard"]
+    _run("bench_check.py", *args, "--out", str(tmp_path), quick=False)  # no --quick there: these make it small
     data = json.loads((tmp_path / "bench_check.json").read_text())
     assert data["benchmark"] == "check_speed"
     checks = data["systems"][0]["checks"]
