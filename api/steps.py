@@ -60,12 +60,19 @@ def train(
     simulated = reality_warning(log)  # train learns reality: say so when the log is a simulator's
     if simulated:
         (notes or (lambda text: warnings.warn(text, stacklevel=3)))(simulated)
-    result = run_training(log, out, rc, resume=resume)
-    if not result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
-        return result
-    if on_trained is not None:
-        on_trained(result)
-    if calibrate and tcfg.val_fraction > 0:
+    if tcfg.folds:  # cross-fitting: one model per fold, `on_trained` after each (training/crossfit.py)
+        from wmcheck.training.crossfit import train_folds
+
+        result = train_folds(log, out, rc, resume=resume, on_fold=on_trained)
+        if not result.global_zero:
+            return result
+    else:
+        result = run_training(log, out, rc, resume=resume)
+        if not result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
+            return result
+        if on_trained is not None:
+            on_trained(result)
+    if calibrate and (tcfg.val_fraction > 0 or tcfg.folds):
         from wmcheck.checks.calibration import calibrate as run_calibration
 
         run_calibration(out, log, ccfg)

@@ -33,6 +33,7 @@ from wmcheck.checks.attribution import SearchMatrices, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import CheckConfig
 from wmcheck.checks.endings import real_endings
+from wmcheck.checks.folds import FoldModels, deal, load_fold_models, merge_arrays, per_fold
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.checks.policy_match import PolicyPairs, policy_pairs
 from wmcheck.checks.power import PowerSet, injected_power
@@ -42,9 +43,10 @@ from wmcheck.datasets.atomic import atomic_path, write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
-from wmcheck.datasets.split import split_episodes
+from wmcheck.datasets.split import training_split
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
 from wmcheck.training.conformal import fit_spread_scale
+from wmcheck.training.crossfit import read_crossfit, single_model_run
 from wmcheck.training.quality import compute_card, read_card, write_card
 
 CALIBRATION_VERSION = 9  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
@@ -61,8 +63,8 @@ class Calibration:
     real: BlockScores
     real_search: SearchMatrices
     real_states: np.ndarray  # (n, k, D + A + E) states visited by the held-out blocks (distribution test)
-    support_ref: np.ndarray  # (M, deter)
-    support_scale: float
+    support_ref: np.ndarray  # (M, deter); a cross-fitted run's: (K, M, deter), one reference per fold model
+    support_scale: float | np.ndarray  # a float; a cross-fitted run's: (K,)
     power: PowerSet
     real_controls: np.ndarray | None = None  # (n, H, A + E) operating conditions of the held-out steps (regimes)
     real_episode: np.ndarray | None = None  # (n,) held-out episode id of every real block (the clusters)
@@ -120,7 +122,7 @@ class Calibration:
             "calibration_version": CALIBRATION_VERSION,
             "config": self.config.to_dict(),
             "info": self.info,
-            "support_scale": self.support_scale,
+            "support_scale": np.asarray(self.support_scale).tolist(),  # a float, or one per fold
             "power": self.power.sizes(),
         }
         write_text_atomic(run_dir / "calibration.json", json.dumps(meta, indent=2, sort_keys=True))
@@ -149,7 +151,7 @@ class Calibration:
             SearchMatrices.from_arrays(arrays, "realJ_"),
             arrays["real_states"],
             arrays["support_ref"],
-            float(meta["support_scale"]),
+            meta["support_scale"] if isinstance(meta["support_scale"], float) else np.asarray(meta["support_scale"]),
             PowerSet.from_arrays(arrays, meta["power"]),
             arrays.get("real_controls"),
             arrays.get("real_episode"),
@@ -160,11 +162,21 @@ class Calibration:
         )
 
 
-def load_calibrated(run_dir: str | Path) -> tuple[ModelBundle, Calibration]:
+def load_run(run_dir: str | Path) -> ModelBundle:
+    """RUN's model: its model.pt, or for a cross-fitted run (training/crossfit.py) its fold models
+    as one bundle whose model is a FoldModels (checks/folds.py)."""
+    info = read_crossfit(run_dir)
+    return load_model(run_dir) if info is None else load_fold_models(run_dir, info)
+
+
+def load_calibrated(run_dir: str | Path, one_model_for: str | None = None) -> tuple[ModelBundle, Calibration]:
     """A run's model and its calibration, refused (UserError) when the calibration was made for
-    another model.pt or does not say which (a missing hash is no match either)."""
+    another model.pt or does not say which (a missing hash is no match either). `one_model_for`
+    (a command's name): that command needs one model, and a cross-fitted run is refused."""
     run_dir = Path(run_dir)
-    bundle = load_model(run_dir)
+    if one_model_for is not None:
+        single_model_run(run_dir, one_model_for)
+    bundle = load_run(run_dir)
     cal = Calibration.load(run_dir)
     if cal.info.get("model_sha256") != bundle.file_hash:
         raise UserError(
@@ -212,7 +224,7 @@ def calibrate(
     episode of the `extra_real` logs) and store the nulls, competence bounds and power table."""
     run_dir = Path(run_dir)
     cfg = cfg or CheckConfig()
-    bundle: ModelBundle = load_model(run_dir)
+    bundle: ModelBundle = load_run(run_dir)
     log_path = Path(log_path) if log_path else training_log(run_dir)
     if not log_path.exists():
         raise UserError(f"training log {log_path} not found", f"pass it: `wmcheck calibrate {run_dir} LOG.h5`")
@@ -226,19 +238,44 @@ def calibrate(
     say = print if verbose else (lambda *a, **k: None)
     norm = Normalizer.from_dict(bundle.normalizer)
     model = bundle.model
+    folds = model.assignment if isinstance(model, FoldModels) else None
+    if folds is not None and cfg.attribution == "grid":
+        raise UserError(
+            "a cross-fitted run is calibrated with the corrections' fit, not the grid searches",
+            "drop --attribution grid (the fit is the default)",
+        )
     train_cfg = bundle.run_config["train"]
     with open_log(log_path) as log:
-        train_ids, val_ids = split_episodes(log.episode_ids, train_cfg["val_fraction"], train_cfg["seed"])
+        if folds is not None:  # every episode is held out once, by the fold model that did not train on it
+            if set(folds) != set(log.episode_ids):
+                raise UserError(
+                    f"{run_dir}/crossfit.json does not list the episodes of {log_path}",
+                    f"train the run again: `wmcheck train {log_path} --out {run_dir} --folds {len(model)}`",
+                )
+            val_ids = sorted(folds)
+            train_sets = [[i for i in val_ids if folds[i] != k] for k in range(len(model))]
+        else:
+            train_ids, val_ids = training_split(
+                log.episode_ids,
+                train_cfg["val_fraction"],
+                train_cfg["seed"],
+                train_cfg.get("folds", 0),
+                train_cfg.get("fold", 0),
+            )
+            train_sets = [train_ids]
         if not val_ids and not extra_real:
             raise UserError(
                 "the model has no held-out episodes to calibrate on",
                 "train with --val-fraction > 0 (e.g. 0.2), or pass real logs it never saw with --real",
             )
-        held = list(log.episodes(val_ids))
-        train_eps = list(log.episodes(train_ids))
-        first_extra = max(log.episode_ids) + 1
+        by_id = {e.id: e for e in log.episodes(sorted(set(val_ids).union(*train_sets)))}
+    held = [by_id[i] for i in val_ids]
+    train_eps = [by_id[i] for i in sorted(set().union(*train_sets))]  # every episode some model trained on
+    first_extra = max(by_id) + 1
     extra, extra_prov = extra_real_episodes(extra_real or [], bundle.channels, train_eps, first_extra)
     held += extra
+    if folds is not None:  # the extra real episodes no fold trained on: dealt over the folds
+        model = model.assigned({**folds, **deal([e.id for e in extra], len(model))})
     try:
         blocks = make_blocks(held, norm, cfg.context, cfg.horizon)
     except ValueError as exc:
@@ -248,15 +285,9 @@ def calibrate(
     say(
         f"calibrating on {len(held)} held-out episodes ({len(blocks)} blocks of {blocks.length} steps"
         + (f"; {len(extra)} from {len(extra_prov)} extra real log(s))" if extra else ")")
+        + (f", each scored by the one of {len(model)} fold models that held it out" if folds is not None else "")
     )
-    # Support reference: latents of training blocks; scale: typical distance of held-out real latents.
-    rng = np.random.default_rng(cfg.seed)
-    train_blocks = make_blocks(train_eps, norm, cfg.context, cfg.horizon)
-    feats = latent_features(model, train_blocks).reshape(-1, model.cfg.deter)
-    ref = feats[rng.choice(len(feats), size=min(cfg.support_refs, len(feats)), replace=False)]
-    held_feats = latent_features(model, blocks).reshape(-1, model.cfg.deter)
-    d = torch.cdist(torch.from_numpy(held_feats), torch.from_numpy(ref)).min(1).values.numpy()
-    scale = float(np.median(d)) or 1.0
+    ref, scale, n_latents = support_reference(model, [[by_id[i] for i in ids] for ids in train_sets], blocks, norm, cfg)
     real = score_blocks(model, blocks, cfg.samples, ref, scale, seed=cfg.seed)
     # The model's own spread under-covers open loop; the conformal scale fitted on these blocks
     # makes its 90 % band cover 90 % of them at every step and channel, and every score uses it.
@@ -275,6 +306,8 @@ def calibrate(
     say("  power: injecting gaps of graded size into held-out episodes")
     power = injected_power(model, norm, cfg, held, blocks, real, spread)
     reward_err, reward_std = reward_resolution(model, blocks)
+    trained = {e.id for e in train_eps}
+    distinct = train_eps + [e for e in held if e.id not in trained]  # every real episode once
     info = {
         "log": str(log_path),
         "log_sha256": data_hash,
@@ -283,10 +316,11 @@ def calibrate(
         "reward_std_real": reward_std,
         "held_out_episodes": [e.id for e in held],
         "extra_real": extra_prov,
-        "real_endings": real_endings(train_eps + held),
+        "real_endings": real_endings(distinct),
         "blocks": len(blocks),
         "block_length": blocks.length,
-        "training_latents": int(len(feats)),
+        "training_latents": n_latents,
+        "folds": len(model) if folds is not None else 0,
         "seconds": round(time.perf_counter() - t0, 1),
         "dt": bundle.channels.get("dt"),
     }
@@ -308,7 +342,7 @@ def calibrate(
         blocks.episode,
         spread,
         sysid_ref,
-        np.array(sorted({episode_fingerprint(e) for e in train_eps + held}), dtype="<U64"),
+        np.array(sorted({episode_fingerprint(e) for e in distinct}), dtype="<U64"),
         policy_pairs(held, norm),
     )
     cal.save(run_dir)
@@ -318,12 +352,36 @@ def calibrate(
         say("  visual: real-vs-real frame distances in the world model's image embedding")
         calibrate_visual(model, held, train_eps).save(run_dir)
     say(f"  calibration written to {run_dir / 'calibration.json'} ({info['seconds']} s)")
-    if read_card(run_dir) is None:  # a run trained before the card: write it, so R9 applies to it too
+    if folds is None and read_card(run_dir) is None:  # a run trained before the card: write it, so R9 applies to it too
         card = card_for_run(bundle, log_path)
         if card is not None:
             write_card(run_dir, card)
             say("  model-quality card written to " + str(run_dir / "quality.json"))
     return cal
+
+
+def support_reference(model, train_sets: list[list], blocks, norm, cfg: CheckConfig):
+    """(reference, scale, latents) of the competence test: up to cfg.support_refs deterministic
+    latents of each model's training blocks, (M, deter), or (K, M, deter) with FoldModels, and the
+    median distance of the held-out real latents to their own model's reference: a float, or (K,)."""
+    rng = np.random.default_rng(cfg.seed)
+    models = model.models if isinstance(model, FoldModels) else [model]
+    feats = [
+        latent_features(m, make_blocks(eps, norm, cfg.context, cfg.horizon)).reshape(-1, m.cfg.deter)
+        for m, eps in zip(models, train_sets)
+    ]
+    size = min(cfg.support_refs, *(len(f) for f in feats))
+    refs = [f[rng.choice(len(f), size=size, replace=False)] for f in feats]
+    held = latent_features(model, blocks)  # (n, L - C, deter), each block by its own model
+    groups = model.groups(blocks.episode) if isinstance(model, FoldModels) else [(0, np.arange(len(blocks)))]
+    scales = np.ones(len(models))
+    for k, idx in groups:
+        d = torch.cdist(torch.from_numpy(held[idx].reshape(-1, held.shape[-1])), torch.from_numpy(refs[k]))
+        scales[k] = float(np.median(d.min(1).values.numpy())) or 1.0
+    n_latents = int(sum(len(f) for f in feats))
+    if isinstance(model, FoldModels):
+        return np.stack(refs), scales, n_latents
+    return refs[0], float(scales[0]), n_latents
 
 
 def card_for_run(bundle: ModelBundle, log_path: Path):
@@ -338,18 +396,24 @@ def card_for_run(bundle: ModelBundle, log_path: Path):
 
 
 def reward_resolution(model, blocks, chunk: int = 64) -> tuple[float, float]:
-    """(mean |reward head - logged reward| per step, std of the logged rewards) on held-out real blocks,
+    """(mean |reward head - logged reward| per step, std of the logged rewards) on held-out real blocks
+    (with FoldModels each by its fold's model),
     from filtered (posterior) states: how finely the model can tell returns apart. Policy checks
     treat return differences within this per step as below the model's resolution."""
-    errs, rewards = [], []
+    errs = per_fold(model, blocks, lambda m, b, k: _reward_errors(m, b, chunk), merge_arrays)
+    return float(errs.mean()), float(np.asarray(blocks.batch.reward)[:, 1:].astype(np.float64).std())
+
+
+def _reward_errors(model, blocks, chunk: int) -> np.ndarray:
+    """(n, L - 1) |reward head - logged reward| per block step (column 0 starts a block: no reward)."""
+    errs = []
     model.eval()
     with torch.no_grad():
         for _, b in blocks.torch_chunks(chunk):
             obsd, _ = model.observe(b, sample=False)
             pred = model.twohot.mean(model.reward(obsd.state.feat()))  # (n, L) predicts reward[t] = r_{t-1}
-            errs.append((pred - b.reward.float())[:, 1:].abs().numpy())  # column 0 starts a block: no reward
-            rewards.append(b.reward[:, 1:].float().numpy())
-    return float(np.concatenate(errs).mean()), float(np.concatenate(rewards).std())
+            errs.append((pred - b.reward.float())[:, 1:].abs().numpy())
+    return np.concatenate(errs)
 
 
 def training_log(run_dir: Path) -> Path:

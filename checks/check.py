@@ -30,6 +30,7 @@ from wmcheck.checks.decision import Decision, Levels, decide
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, score_arrays
 from wmcheck.checks.endings import ending_evidence
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
+from wmcheck.checks.folds import FoldModels, deal
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
 from wmcheck.checks.model_log import read_log_for_model
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
@@ -90,6 +91,8 @@ def load_inputs(run_dir: Path, rollouts: Path) -> CheckInputs:
     except ValueError:  # every episode is shorter than a block: only the ending test can speak (R8)
         blocks = None
     checked = [e for e in episodes if e.id not in blocks.skipped] if blocks is not None else []
+    if isinstance(bundle.model, FoldModels):  # no fold model trained on them: each scored by one, in turn
+        bundle.model = bundle.model.assigned(deal([e.id for e in episodes], len(bundle.model)))
     return CheckInputs(bundle, cal, norm, meta, episodes, checked, blocks, read_card(run_dir))
 
 
@@ -109,6 +112,12 @@ def run_check(
     run_dir, rollouts, gate = Path(run_dir), Path(rollouts), gate or Gate()
     inp = load_inputs(run_dir, rollouts)
     cfg, cal, model = inp.cfg, inp.cal, inp.bundle.model
+    if policy is not None and isinstance(model, FoldModels):
+        raise UserError(
+            f"{run_dir} is a cross-fitted run: the closed-loop policy check needs one model",
+            "check the recorded rollouts against it (without --policy), or the policy against a run "
+            "trained without --folds",
+        )
     alpha = float(gate.alpha or cfg.alpha)
     levels = Levels.for_check(alpha, len(inp.checked))
     ending = ending_evidence(inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"])
@@ -516,14 +525,18 @@ def _visual(model, run_dir, episodes, alpha, clip_model, tolerance) -> dict:
 def _embedding(model, blocks, cal, rng, per_side: int = 500) -> dict:
     """Latent states h of checked steps and of training steps (the support reference), for the
     TensorBoard embedding projector."""
+    ref, who = cal.support_ref, "real (training)"
+    if isinstance(model, FoldModels):  # each fold model has its own latent space: one fold's blocks only
+        k, idx = model.groups(blocks.episode)[0]
+        model, blocks, ref, who = model.models[k], blocks.subset(idx), ref[k], f"real (training, fold {k + 1})"
     # at most per_side blocks are observed (a check of 1,000 episodes has 3,000), then per_side steps drawn
     picked = np.sort(rng.choice(len(blocks), size=min(per_side, len(blocks)), replace=False))
     checked = latent_features(model, blocks.subset(picked)).reshape(-1, model.cfg.deter)
     checked = checked[rng.choice(len(checked), size=min(per_side, len(checked)), replace=False)]
-    real = cal.support_ref[rng.choice(len(cal.support_ref), size=min(per_side, len(cal.support_ref)), replace=False)]
+    real = ref[rng.choice(len(ref), size=min(per_side, len(ref)), replace=False)]
     return {
         "features": np.concatenate([real, checked]).astype(np.float32),
-        "labels": ["real (training)"] * len(real) + ["checked"] * len(checked),
+        "labels": [who] * len(real) + ["checked"] * len(checked),
     }
 
 

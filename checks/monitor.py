@@ -175,7 +175,7 @@ class Context:
 
 
 def load_context(run_dir: Path) -> Context:
-    bundle, cal = load_calibrated(run_dir)
+    bundle, cal = load_calibrated(run_dir, one_model_for="`wmcheck monitor`")
     if cal.real_episode is None or cal.real.z_steps.ndim != 3:
         raise UserError(
             f"{run_dir}: the calibration predates per-episode scores", f"re-run `wmcheck calibrate {run_dir}`"

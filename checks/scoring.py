@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from wmcheck.checks.blocks import Blocks
+from wmcheck.checks.folds import FoldModels, merge_arrays, per_fold, restore_order
 from wmcheck.datasets.progress import progress
 from wmcheck.training.conformal import Z_LEVEL
 
@@ -69,6 +70,12 @@ class BlockScores:
     def subset(self, idx) -> BlockScores:
         return BlockScores(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
+    @classmethod
+    def merged(cls, parts: list[BlockScores], order: np.ndarray) -> BlockScores:
+        """Per-fold scores (folds.per_fold) back in block order."""
+        inverse = restore_order(order)
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])[inverse] for f in fields(cls)})
+
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
         return {f"{prefix}{f.name}": getattr(self, f.name) for f in fields(self) if not f.name.startswith("pred_")}
 
@@ -83,6 +90,8 @@ class BlockScores:
 
 def latent_features(model, blocks: Blocks, chunk: int = 64) -> np.ndarray:
     """Deterministic latent h_t of every step t >= C of every block: (n, L - C, deter)."""
+    if isinstance(model, FoldModels):
+        return per_fold(model, blocks, lambda m, b, k: latent_features(m, b, chunk), merge_arrays)
     out = []
     with torch.no_grad():
         for _, b in blocks.torch_chunks(chunk):
@@ -153,6 +162,25 @@ def score_blocks(
     seed: int = 0,
     spread_scale: np.ndarray | None = None,
 ) -> BlockScores:
+    """Every score of every block (BlockScores). With FoldModels (folds.py), each block by its
+    fold's model against that fold's support reference: `support_ref` (K, M, deter) and
+    `support_scale` (K,) then hold one per fold."""
+    if isinstance(model, FoldModels):
+        return per_fold(
+            model,
+            blocks,
+            lambda m, b, k: score_blocks(
+                m,
+                b,
+                samples,
+                None if support_ref is None else support_ref[k],
+                1.0 if support_ref is None else float(np.asarray(support_scale)[k]),
+                chunk,
+                seed,
+                spread_scale,
+            ),
+            BlockScores.merged,
+        )
     C = blocks.context
     torch.manual_seed(seed)
     parts: dict[str, list] = {f.name: [] for f in fields(BlockScores)}

@@ -181,7 +181,7 @@ def shadow_report(
 ) -> dict:
     cfg = cfg or ShadowConfig()
     run_dir, log = Path(run_dir), Path(log)
-    bundle, cal = load_calibrated(run_dir)
+    bundle, cal = load_calibrated(run_dir, one_model_for="`wmcheck shadow`")
     if bundle.model.cfg.image_keys:
         raise UserError(
             f"{run_dir}: shadow mode does not take camera models yet (the model reads {list(bundle.model.cfg.image_keys)})",

@@ -71,6 +71,7 @@ import torch
 
 from wmcheck.checks.attribution import allowed_corrections
 from wmcheck.checks.blocks import Blocks
+from wmcheck.checks.folds import FoldModels, per_fold, restore_order
 from wmcheck.worldmodel.distributions import symexp, symlog
 
 KINDS = ("gain", "offset", "deadband")
@@ -136,7 +137,8 @@ class FitData:
     drivers: np.ndarray  # (n, L, 2M + 1, A + E): driver of column j at offset k - M (prev-aligned)
     act_mean: np.ndarray  # (A,) raw units
     act_std: np.ndarray  # (A,)
-    _tokens: dict = field(default_factory=dict, repr=False)  # (model id, chunk) -> encoder outputs per chunk
+    _tokens: dict = field(default_factory=dict, repr=False)  # (model id, chunk) -> encoder outputs per chunk;
+    # ("subset", index bytes) -> that subset
 
     @classmethod
     def of(cls, episodes, blocks: Blocks, norm, layout: Layout) -> FitData:
@@ -165,8 +167,13 @@ class FitData:
         )
 
     def subset(self, idx) -> FitData:
+        """The blocks `idx`; the same subset again is the same object (with FoldModels a fit
+        evaluates each fold's subset many times, and it keeps its encoder tokens)."""
         idx = np.asarray(idx)
-        return FitData(self.blocks.subset(idx), self.drivers[idx], self.act_mean, self.act_std)
+        key = ("subset", idx.tobytes())
+        if key not in self._tokens:
+            self._tokens[key] = FitData(self.blocks.subset(idx), self.drivers[idx], self.act_mean, self.act_std)
+        return self._tokens[key]
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -328,11 +335,25 @@ class Evaluation:
     J: np.ndarray  # (n,) objective per block
     grad: np.ndarray  # (n, p) dJ_b / dtheta per block
 
+    @classmethod
+    def merged(cls, parts: list[Evaluation], order: np.ndarray) -> Evaluation:
+        """Per-fold evaluations (folds.per_fold) back in block order."""
+        inverse = restore_order(order)
+        return cls(np.concatenate([p.J for p in parts])[inverse], np.concatenate([p.grad for p in parts])[inverse])
+
 
 def evaluate(
     model, data: FitData, theta: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
 ) -> Evaluation:
-    """J and its gradient per block at theta (p,): one forward and one backward pass."""
+    """J and its gradient per block at theta (p,): one forward and one backward pass (with
+    FoldModels, every block through its fold's model)."""
+    if isinstance(model, FoldModels):
+        return per_fold(
+            model,
+            data,
+            lambda m, d, k: evaluate(m, d, theta, layout, context, horizon, chunk),
+            Evaluation.merged,
+        )
     Js, Gs = [], []
     with _frozen(model), torch.enable_grad():
         for _, batch, drv, tok in data.chunks(chunk, model):
@@ -349,6 +370,14 @@ def objective_only(
     model, data: FitData, theta: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
 ) -> float:
     """Mean J at theta, forward passes only (the delay's starting scan)."""
+    if isinstance(model, FoldModels):
+        parts = per_fold(
+            model,
+            data,
+            lambda m, d, k: (objective_only(m, d, theta, layout, context, horizon, chunk), len(d)),
+            lambda parts, order: parts,
+        )
+        return float(sum(j * n for j, n in parts) / sum(n for _, n in parts))
     Js = []
     with _frozen(model), torch.no_grad():
         for _, batch, drv, tok in data.chunks(chunk, model):

@@ -35,3 +35,27 @@ def split_episodes(episode_ids: Iterable[int], val_fraction: float, seed: int = 
     if len(val) == len(ids):
         val.discard(max(ids, key=u.get))
     return [i for i in ids if i not in val], sorted(val)
+
+
+def fold_of(episode_ids: Iterable[int], folds: int, seed: int = 0) -> dict[int, int]:
+    """Cross-fitting folds: episode id -> fold in [0, folds). Episodes are ordered by u(seed, id)
+    and dealt round-robin, so fold sizes differ by at most one (a hash threshold, as the
+    validation split uses, can leave a fold empty on a log of 20 episodes). Adding episodes may
+    move others between folds; a cross-fitted run is retrained as a whole (its folds are in its
+    config, and a resume on another log is refused)."""
+    if folds < 2:
+        raise ValueError(f"folds must be >= 2, got {folds}")
+    ids = sorted({int(i) for i in episode_ids})
+    if len(ids) < folds:
+        raise ValueError(f"{folds} folds need at least {folds} episodes, the log has {len(ids)}")
+    ranked = sorted(ids, key=lambda i: _u(seed, i))
+    return {i: r % folds for r, i in enumerate(ranked)}
+
+
+def training_split(episode_ids: Iterable[int], val_fraction: float, seed: int = 0, folds: int = 0, fold: int = 0):
+    """(train_ids, val_ids) of a run: the validation split, or with `folds` >= 2 the episodes of
+    fold `fold` held out (cross-fitting). The one place a run's held-out episodes are decided."""
+    if not folds:
+        return split_episodes(episode_ids, val_fraction, seed)
+    of = fold_of(episode_ids, folds, seed)
+    return sorted(i for i, f in of.items() if f != fold), sorted(i for i, f in of.items() if f == fold)

@@ -142,7 +142,7 @@ class Guard:
     ):
         self.run_dir = Path(run_dir)
         self.cfg = config or GuardConfig()
-        self.bundle, self.cal = load_calibrated(self.run_dir)
+        self.bundle, self.cal = load_calibrated(self.run_dir, one_model_for="the runtime guard")
         self.model = self.bundle.model.eval()
         self.norm = Normalizer.from_dict(self.bundle.normalizer)
         if self.model.cfg.image_keys:

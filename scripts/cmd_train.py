@@ -21,6 +21,7 @@ TRAIN_OPTIONS = [
     "max_steps",
     "seed",
     "val_fraction",
+    "folds",
     "batch_size",
     "seq_len",
     "lr",
@@ -109,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         progress_bar=not args.no_progress,
         images=not args.no_images,
     )
+    if result.global_zero and result.folds:
+        print(f"cross-fitted: {len(result.folds)} fold models, every real episode held out once")
+        if result.quality is not None:
+            print("\n".join(result.quality.lines(check_horizon=horizon)))
     if result.global_zero:  # another process of a multi-device run: rank 0 reports and calibrates
         print(f"inspect: tensorboard --logdir {result.run_dir}")
     return 0

@@ -39,6 +39,11 @@ class TrainConfig:
     """Seed of the weights, the split and the window sampler."""
     val_fraction: float = 0.2
     """Fraction of episodes held out (episode-level, deterministic) for val/* and openloop/*."""
+    folds: int = 0
+    """Cross-fitting (`train --folds K`, K >= 2): K models, each with one fold of the episodes held
+    out (datasets.split.fold_of); val_fraction is then unused. 0: one model, the validation split."""
+    fold: int = 0
+    """Which fold this model holds out (0 .. folds - 1; set by `train --folds`, one run per fold)."""
     val_every: int = 250
     """Optimiser steps between validation + open-loop evaluations (and early-stopping decisions)."""
     patience: int = 4
@@ -94,6 +99,10 @@ class TrainConfig:
             raise ValueError(f"patience and max_minutes must be >= 0, got {self.patience}, {self.max_minutes}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.folds == 1 or self.folds < 0 or not (self.folds == 0 or 0 <= self.fold < self.folds):
+            raise ValueError(
+                f"folds must be 0 or >= 2 and fold in [0, folds), got folds {self.folds}, fold {self.fold}"
+            )
         if self.stop_on not in STOP_METRICS:
             raise ValueError(f"stop_on must be one of {', '.join(STOP_METRICS)}, got {self.stop_on!r}")
         if self.openloop_context < 1:

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
-from wmcheck.datasets.split import split_episodes
+from wmcheck.datasets.split import training_split
 from wmcheck.datasets.validate import validate_log
 from wmcheck.datasets.windows import Batch, WindowSampler
 from wmcheck.training.config import TrainConfig
@@ -110,8 +110,11 @@ class LogDataModule(L.LightningDataModule):
         with open_log(self.log_path) as log:
             meta = log.meta
             ids = log.episode_ids
-            self.train_ids, self.val_ids = split_episodes(ids, c.val_fraction, c.seed)
-            self.normalizer = Normalizer.fit(log.episodes(self.train_ids, groups=False), meta)
+            self.train_ids, self.val_ids = training_split(ids, c.val_fraction, c.seed, c.folds, c.fold)
+            # Cross-fitted folds share one normaliser (fitted on every episode: channel means and
+            # stds only), so that all folds' scores live in the same normalised units and pool.
+            fit_ids = ids if c.folds else self.train_ids
+            self.normalizer = Normalizer.fit(log.episodes(fit_ids, groups=False), meta)
             val_steps = sum(log.num_steps(i) + 1 for i in self.val_ids)
             specs = log.group_specs(ids[0])
         self.image_spec = image_spec(specs, self.log_path) if c.images else {}

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -53,6 +53,7 @@ class TrainResult:
     quality: QualityCard | None = None  # None without held-out episodes
     global_zero: bool = True  # False in the other processes of a multi-device run (they print and calibrate nothing)
     monitor: str = STOP_METRICS["loss"]  # the validation metric that chose best_step (TrainConfig.stop_on)
+    folds: list = field(default_factory=list)  # a cross-fitted run's: every fold's TrainResult (training/crossfit.py)
 
 
 def resolve_precision(train: TrainConfig) -> str:
@@ -99,6 +100,11 @@ def train(
             f"{log_path}: the camera frames do not fit the world model: {exc}",
             "re-record with --render 64x64 (or 32x32 / 16x16), or train with --no-images",
         ) from None
+    if t.folds and model_cfg.image_keys:
+        raise UserError(
+            f"{log_path} has camera frames: cross-fitted runs (--folds) are checked on vector channels only",
+            "train with --no-images, or without --folds",
+        )
     run_config = RunConfig(model=model_cfg, train=t)
     check_device_options(t)  # before anything is written
     with run_lock(out):
@@ -254,7 +260,8 @@ def refuse_other_run(out: Path, run_config: RunConfig, data_hash: str) -> None:
             f"{out} holds a run with a different world-model config",
             "use a new --out folder, or the same --preset/--ensemble to resume it",
         )
-    changed = [k for k in ("seed", "val_fraction") if old.get("train", {}).get(k) != new["train"][k]]
+    split_keys = ("seed", "val_fraction", "folds", "fold")  # a config written before folds existed has none
+    changed = [k for k in split_keys if old.get("train", {}).get(k, getattr(TrainConfig, k)) != new["train"][k]]
     if changed:
         was = ", ".join(f"{k} {old['train'].get(k)} -> {new['train'][k]}" for k in changed)
         raise UserError(
