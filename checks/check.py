@@ -452,6 +452,7 @@ def _report(
             "gap_alpha": levels.gap,
             "calibration_blocks": int(len(real.divergence)),
             "calibration_episodes": len(inp.cal.info.get("held_out_episodes", [])),
+            "calibration_folds": int(inp.cal.info.get("folds", 0)),  # > 0: cross-fitted (checks/folds.py)
             "calibration_extra_logs": [x["log"] for x in inp.cal.info.get("extra_real", [])],
             "calibration_warning": inp.cal.info.get("warning"),
         },

@@ -55,11 +55,11 @@ def deal(episode_ids, folds: int) -> dict[int, int]:
 
 
 def per_fold(model, rows, fn: Callable, merge: Callable):
-    """fn(model, rows) with a single model; with FoldModels, fn(model_k, rows.subset(idx_k), k) per
+    """fn(model, rows, None) with a single model; with FoldModels, fn(model_k, rows.subset(idx_k), k) per
     fold and merge(parts, order) puts the parts' rows back (order: the block index of every
     concatenated row). `rows` has `.subset(idx)` and block episodes (`.episode` or `.blocks.episode`)."""
     if not isinstance(model, FoldModels):
-        return fn(model, rows)
+        return fn(model, rows, None)
     episode = rows.episode if hasattr(rows, "episode") else rows.blocks.episode
     groups = model.groups(episode)
     parts = [fn(model.models[k], rows.subset(idx), k) for k, idx in groups]

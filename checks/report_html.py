@@ -416,6 +416,16 @@ def regime_section(report: dict) -> str:
     )
 
 
+def _folds_note(th: dict) -> str:
+    k = th.get("calibration_folds") or 0
+    return (
+        f"; cross-fitted: each real and each checked episode scored by one of {k} fold models, "
+        "never by one that trained on it"
+        if k
+        else ""
+    )
+
+
 def _power_note(pw: dict) -> str:
     """What limits the power table: fewer injected blocks than the check has, or an unreliable control."""
     first = next(iter(pw["gaps"].values()), None)
@@ -619,7 +629,7 @@ the calibrated threshold; the last column is the smallest size detected with pro
         s.get("blocks", 0)
     } blocks inside the model's competence. False-alarm budget alpha = {s["alpha"]} per run
 (thresholds from {e(str(th["source"]))}, {th.get("calibration_blocks")} held-out real blocks of
-{th.get("calibration_episodes", "?")} real episodes the model never trained on).</p>{warning}
+{th.get("calibration_episodes", "?")} real episodes the model never trained on{_folds_note(th)}).</p>{warning}
 {
         section(
             "Reality-gap table",
