@@ -192,14 +192,23 @@ class FitDetail:
 
     def best(self) -> sysid.Estimate | None:
         """The row's headline correction: among the significant ones, those whose own 95 % interval
-        excludes the identity first, then the largest score |t|. Two confounded corrections (a weak
-        gain and a deadband) can both be significant while the fit pins only one down: on Pendulum
-        with a x0.3 gain the deadband's |t| was the larger (7.9 vs 7.3) but its interval [-0.38,
-        0.95] held 0, the gain's [0.27, 0.64] did not hold 1."""
+        excludes the identity first, then those inside the box the model can judge (an estimate at
+        its edge is censored: the fit pressed against what the model can say), then the largest
+        score |t|. Two confounded corrections (a weak gain and a deadband) can both be significant
+        while the fit pins only one down: on Pendulum with a x0.3 gain the deadband's |t| was the
+        larger (7.9 vs 7.3) but its interval [-0.38, 0.95] held 0, the gain's [0.27, 0.64] did not
+        hold 1. On another install (2026-12-03: numpy 2.4.6, torch 2.13.0, gymnasium 1.4.0) the same
+        case gave the deadband |t| 9.4 and an interval [0.07, 0.48] that excluded 0 too, but at the
+        edge of the box; the gain, 0.40 [0.31, 0.52], was inside it."""
         est = self.estimates()
         sig = {p for p, s in zip(self.params, self.test.significant) if s}
         est = [e for e in est if e.param in sig] or est
-        return max(est, key=lambda e: (sysid.excludes_identity(e), abs(e.t))) if est else None
+        return max(est, key=headline_order) if est else None
+
+
+def headline_order(e: sysid.Estimate) -> tuple:
+    """FitDetail.best's ranking of one estimate (larger first)."""
+    return (sysid.excludes_identity(e), not e.at_bound, abs(e.t))
 
 
 def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence, Blocks, list[str]]:

@@ -37,21 +37,12 @@ SIMULATORS = {  # name -> (RealityProfile fields, env kwargs)
 
 
 def record(path: Path, episodes: int, steps: int, seed: int, profile: dict, env_kwargs: dict, source: str) -> Path:
-    from wmcheck.checks.reality import RealityProfile, record_reality
-    from wmcheck.datasets.episode import LogMeta
-    from wmcheck.datasets.logformat import write_log
+    """Pendulum-v1 through the reality wrappers under hold:5 torques, recorded as `wmcheck record` does."""
+    from wmcheck.checks.reality import RealityProfile, reality_env_args
+    from wmcheck.datasets.record import record_to_log
 
-    eps = record_reality(
-        ENV, RealityProfile(**profile), "hold:5", episodes=episodes, max_steps=steps, seed=seed, env_kwargs=env_kwargs
-    )
-    meta = LogMeta(
-        source=source,
-        dt=0.05,
-        observation_names=["cos_theta", "sin_theta", "theta_dot"],
-        action_names=["torque"],
-        units={"theta_dot": "rad/s", "torque": "N m"},
-    )
-    write_log(path, eps, meta)
+    env_id, kwargs = reality_env_args(ENV, RealityProfile(**profile), env_kwargs)
+    record_to_log(path, env_id, "hold:5", episodes, steps, seed, kwargs, source=source)
     return path
 
 

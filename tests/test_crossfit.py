@@ -142,6 +142,13 @@ def test_a_cross_fitted_run_calibrates_on_every_episode_and_checks(tmp_path, cap
         _, val = training_split(ids, t["val_fraction"], t["seed"], t["folds"], t["fold"])
         assert val == sorted(int(e) for e, f in info["fold_of"].items() if f == k)
         assert (run / name / "model.pt").exists()
+    mtimes = [(run / name / "model.pt").stat().st_mtime_ns for name in info["fold_dirs"]]
+    opts = {"max_steps": 30, "val_every": 30, "ckpt_every": 30, "progress_bar": False}
+    again = wmcheck.train(log, run, folds=3, calibrate=False, **opts)  # finished folds are read back
+    assert again.steps == result.steps and len(again.folds) == 3
+    assert [(run / name / "model.pt").stat().st_mtime_ns for name in info["fold_dirs"]] == mtimes
+    with pytest.raises(UserError, match="holds a cross-fitted run with 3 folds"):
+        wmcheck.train(log, run, folds=4, **opts)
     cal = Calibration.load(run)
     assert cal.info["folds"] == 3 and sorted(cal.info["held_out_episodes"]) == ids
     assert cal.support_ref.shape[0] == 3 and np.asarray(cal.support_scale).shape == (3,)

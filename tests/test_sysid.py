@@ -180,3 +180,19 @@ def test_joint_support_sees_confounded_corrections_that_each_look_insignificant(
     independent = sysid.SysidResult(layout, fit, relative=rel, covariance=np.diag(sd**2))
     assert independent.support(layout.columns("actuator")) < 1.0  # two 1.5-sd estimates, independent
     assert res.support(layout.columns("latency")) == 0.0  # the delay was not fitted
+
+
+def test_the_headline_estimate_prefers_an_excluded_identity_then_the_inside_of_the_box():
+    from wmcheck.checks.gap_tests import headline_order
+
+    def est(kind, value, interval, t, at_bound=False):
+        return sysid.Estimate(sysid.Param(kind, 0), "torque", value, interval, t, at_bound)
+
+    gain = est("gain", 0.40, (0.31, 0.52), 9.0)
+    pressed = est("deadband", 0.28, (0.07, 0.48), -9.4, at_bound=True)  # the Pendulum x0.3 case
+    loose = est("deadband", 0.3, (-0.4, 0.9), 12.0)  # its interval holds the identity
+    assert max([pressed, gain, loose], key=headline_order) is gain
+    assert max([pressed, loose], key=headline_order) is pressed
+    inside = est("deadband", 0.28, (0.07, 0.48), -9.4)
+    assert max([gain, inside], key=headline_order) is inside  # then the larger |t|
+    assert not sysid.excludes_identity(est("gain", 0.5, (float("nan"), 0.7), 5.0))

@@ -84,7 +84,9 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
     results = []
     for k in range(t.folds):
         rc = dataclasses.replace(run_config, train=dataclasses.replace(t, fold=k))
-        result = train_one(log_path, fold_dir(out, k), rc, resume=resume)
+        result = finished_fold(fold_dir(out, k), rc, log_path) if resume else None
+        if result is None:
+            result = train_one(log_path, fold_dir(out, k), rc, resume=resume)
         if not result.global_zero:
             return result
         results.append(result)
@@ -123,6 +125,37 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
         steps=sum(r.steps for r in results),
         quality=card,
         folds=results,
+    )
+
+
+def finished_fold(path: Path, run_config, log_path):
+    """The TrainResult of a fold that finished with these training options on this log (its
+    training.json is written after model.pt), read back instead of training it again; else None."""
+    from wmcheck.training.checkpoint import file_sha256
+    from wmcheck.training.quality import read_card
+    from wmcheck.training.run import TrainResult
+
+    try:
+        summary = json.loads((path / "training.json").read_text())
+        old = json.loads((path / "config.json").read_text())["train"]
+        data = json.loads((path / "data.json").read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if (
+        not (path / "model.pt").exists()
+        or old != json.loads(json.dumps(dataclasses.asdict(run_config.train)))
+        or data != file_sha256(log_path)
+    ):
+        return None
+    return TrainResult(
+        path,
+        path / "model.pt",
+        int(summary["steps"]),
+        {},
+        int(summary["exported_step"]),
+        summary["stop_reason"],
+        read_card(path),
+        monitor=summary["monitor"],
     )
 
 
