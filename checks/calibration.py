@@ -304,7 +304,8 @@ def calibrate(
     # Power: halves of the held-out episodes (A: null, B: injected; B uninjected is the control).
     # Both halves are subsets of the real blocks scored above (same episodes, same cuts).
     say("  power: injecting gaps of graded size into held-out episodes")
-    power = injected_power(model, norm, cfg, held, blocks, real, spread)
+    strata = model.assignment if folds is not None else None  # the power halves hold each fold equally
+    power = injected_power(model, norm, cfg, held, blocks, real, spread, strata)
     reward_err, reward_std = reward_resolution(model, blocks)
     trained = {e.id for e in train_eps}
     distinct = train_eps + [e for e in held if e.id not in trained]  # every real episode once
@@ -321,6 +322,7 @@ def calibrate(
         "block_length": blocks.length,
         "training_latents": n_latents,
         "folds": len(model) if folds is not None else 0,
+        **({"fold_of": {str(e.id): int(strata[e.id]) for e in held}} if strata else {}),
         "seconds": round(time.perf_counter() - t0, 1),
         "dt": bundle.channels.get("dt"),
     }

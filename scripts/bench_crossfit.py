@@ -16,7 +16,9 @@ a heavier gravity) — the simulators are not derived from the held-out episodes
     .venv/bin/python scripts/bench_crossfit.py --threads 1          # ~35 min on one CPU thread
     .venv/bin/python scripts/bench_crossfit.py --quick              # a smoke test (tiny training)
 
-Writes OUT/bench_crossfit.json and prints a Markdown table.
+Writes OUT/bench_crossfit.json and prints a Markdown table. A re-run with the same OUT keeps its
+logs and trained runs (finished folds are read back, a finished run resumes at its end) and
+re-calibrates and re-checks: a change to calibration or checks is measured in minutes.
 """
 
 from __future__ import annotations
@@ -37,9 +39,13 @@ SIMULATORS = {  # name -> (RealityProfile fields, env kwargs)
 
 
 def record(path: Path, episodes: int, steps: int, seed: int, profile: dict, env_kwargs: dict, source: str) -> Path:
-    """Pendulum-v1 through the reality wrappers under hold:5 torques, recorded as `wmcheck record` does."""
+    """Pendulum-v1 through the reality wrappers under hold:5 torques, recorded as `wmcheck record`
+    does; a log already at `path` is kept (a re-run in the same OUT reuses its logs and runs)."""
     from wmcheck.checks.reality import RealityProfile, reality_env_args
     from wmcheck.datasets.record import record_to_log
+
+    if path.exists():
+        return path
 
     env_id, kwargs = reality_env_args(ENV, RealityProfile(**profile), env_kwargs)
     record_to_log(path, env_id, "hold:5", episodes, steps, seed, kwargs, source=source)

@@ -167,3 +167,21 @@ def test_a_cross_fitted_run_calibrates_on_every_episode_and_checks(tmp_path, cap
         load_calibrated(run, one_model_for="`wmcheck monitor`")
     code = cli.main(["monitor", str(run), "--real", str(extra), "--out", str(tmp_path / "mon")])
     assert code == 2 and "cross-fitted" in capsys.readouterr().err
+
+
+def test_power_halves_and_draws_hold_every_fold_in_equal_numbers():
+    from types import SimpleNamespace
+
+    from wmcheck.checks.power import draw_order, halves
+
+    held = [SimpleNamespace(id=i) for i in range(20)]
+    strata = fold_of(range(20), 5, seed=0)
+    a, b = halves(held, strata)
+    assert sorted(e.id for e in a + b) == list(range(20)) and len(a) == len(b) == 10
+    for k in range(5):  # 4 episodes per fold: 2 in each half (even / odd positions would not ensure it)
+        assert sum(strata[e.id] == k for e in a) == sum(strata[e.id] == k for e in b) == 2
+    assert [e.id for e in a] == sorted(e.id for e in a)  # held order, as the block layout needs
+    assert halves(held) == (held[0::2], held[1::2])
+    order = draw_order(np.repeat(np.arange(20), 2), np.random.default_rng(1), {str(e): f for e, f in strata.items()})
+    assert sorted(order) == list(range(20))
+    assert len({strata[int(e)] for e in order[:5]}) == 5  # the folds take turns
