@@ -413,7 +413,7 @@ def _fit_scores(model, episodes, blocks, norm: Normalizer, cfg: CheckConfig) -> 
 def halves(held: list, strata: dict[int, int] | None = None) -> tuple[list, list]:
     """(A, B): the held-out episodes dealt alternately into two halves, each in held order; with
     `strata` (episode id -> fold of a cross-fitted run) alternately within each fold, so that both
-    halves hold each fold model's episodes in equal numbers. Fold models differ in their score
+    halves hold each fold model's episodes in equal numbers. Folds differ in their score
     level (on 20 Pendulum segments, 5 folds: mean divergence 0.014-0.155 by fold), and halves cut
     across them unevenly (3 episodes of the best fold in A, 1 in B) made the uninjected control
     fail 87 % of its draws."""
