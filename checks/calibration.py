@@ -5,7 +5,9 @@ Owns `calibrate(run_dir, log)` and the files it writes next to the model:
   RUNDIR/calibration.npz    arrays: real block scores, the corrections' scores and fit on real
                             blocks (sysid.py; the grid search matrices with attribution "grid"),
                             the training-latent support reference, injected-gap scores
-Held-out = the validation episodes of the model's own split (never trained on). Every statistic
+Held-out = the validation episodes of the model's own split (never trained on), or for a
+cross-fitted run (`train --folds K`) every episode of the log, each scored by the fold model that
+held it out (checks/folds.py); plus the episodes of `--real` logs. Every statistic
 is per block of consecutive steps, so checks can resample blocks (autocorrelation respected).
 
 Reward resolution: the reward head's mean absolute error per step on the held-out blocks (for
