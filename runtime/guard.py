@@ -26,8 +26,15 @@ step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the gu
        A weaker actuator barely moves a one-step prediction, but its error builds up over a
        horizon. The statistic pools the whole episode: it suits a gap present from the start
        (a wrong actuator); a change in the middle of a long episode is the one-step windows' job;
-     `consecutive` flagged tests in a row of either statistic raise the rollback signal (the
-     `on_rollback` callback, once per episode);
+     - corrections (`corrections`): on the same blocks, the check's latency and actuator score
+       test (checks/sysid.py): the gradient of the attribution objective with respect to a delay and
+       every command's gain, offset and deadband at the identity, one backward pass per block. Per
+       parameter, the episode's blocks so far get the same one-episode prediction test against the
+       held-out real blocks' scores (two-sided: a gain can be too weak or too strong), Bonferroni
+       over the parameters. The direction a score points is what a gain of 0.3 or a late actuator
+       changes most, where the open-loop divergence only sees its size;
+     `consecutive` flagged tests in a row of any statistic raise the rollback signal (the
+     `on_rollback` callback, once per episode). Each statistic is tested at `rollback_alpha`.
   4. (a) projects the chosen action into the envelope of the real logs: per-channel bounds (the
      training log's range unless given) and, when given or computed from the training log, a
      rate limit on the per-step change;
@@ -69,6 +76,7 @@ class GuardConfig:
     warmup_controller: str = "policy"  # who acts in the first `context` steps, before the latent has converged
     samples: int = 8  # latent draws of the one-step predictive mixture: as calibration scored nll_steps
     open_loop: bool = True  # also test each block's open-loop divergence (one block scoring every `horizon` steps)
+    corrections: bool = True  # also test each block's latency / actuator scores (checks/sysid.py score test)
     seed: int = 0
 
 
@@ -86,6 +94,7 @@ class Step:
     projected: bool  # the action was clipped into bounds / rate limits
     window_p: float | None = None  # the conformal p of a window ending here
     block_p: float | None = None  # the open-loop prediction test's p of a block ending here
+    score_p: float | None = None  # the corrections' score test's p of a block ending here (Bonferroni)
     rollback: bool = False
 
 
@@ -174,6 +183,9 @@ class Guard:
         )
         self.real_div = (self.cal.real.divergence, groups)
         self.open_loop = self.cfg.open_loop and len(np.unique(groups)) >= 2
+        ref = self.cal.sysid  # the corrections' scores of the same held-out blocks (None: a grid calibration)
+        self.corrections = self.cfg.corrections and ref is not None and ref.scores.shape[1] > 0
+        self.real_scores = (ref.scores, groups) if self.corrections else None
         self.decisions: list[Step] = []
         self._episodes: list[dict] = []
         torch.manual_seed(self.cfg.seed)
@@ -195,8 +207,9 @@ class Guard:
         self.out_run = self.in_run = 0
         self.nll_window: deque = deque(maxlen=self.cfg.rollback_window)
         self.dis_window: deque = deque(maxlen=self.window)
-        self.flagged_run = self.block_run = 0
+        self.flagged_run = self.block_run = self.score_run = 0
         self.episode_div: list[float] = []
+        self.episode_scores: list[np.ndarray] = []  # (p,) per block
         self.rolled_back = False
         self._obs = [np.asarray(obs, np.float32)]
         self._acts: list[np.ndarray] = []
@@ -288,25 +301,51 @@ class Guard:
             step.window_p = float(conformal_p(np.mean(self.nll_window), self.real_nll)[0])
             self.flagged_run = self.flagged_run + 1 if step.window_p <= self.cfg.rollback_alpha else 0
         length = self.context + self.window
-        if self.open_loop and self.t + 1 >= length and (self.t + 1 - length) % self.window == 0:
-            step.block_p = self._block_p(length)
-            self.block_run = self.block_run + 1 if step.block_p <= self.cfg.rollback_alpha else 0
-        if max(self.flagged_run, self.block_run) >= self.cfg.consecutive and not self.rolled_back:
+        block_ends = self.t + 1 >= length and (self.t + 1 - length) % self.window == 0
+        if block_ends and (self.open_loop or self.corrections):
+            blocks, episode = self._latest_block(length)
+            if self.open_loop:
+                step.block_p = self._block_p(blocks)
+                self.block_run = self.block_run + 1 if step.block_p <= self.cfg.rollback_alpha else 0
+            if self.corrections:
+                step.score_p = self._score_p(blocks, episode)
+                self.score_run = self.score_run + 1 if step.score_p <= self.cfg.rollback_alpha else 0
+        if max(self.flagged_run, self.block_run, self.score_run) >= self.cfg.consecutive and not self.rolled_back:
             self.rolled_back = step.rollback = True
             if self.on_rollback is not None:
                 self.on_rollback(step)
 
-    def _block_p(self, length: int) -> float:
-        """Score the block of the last `length` observations and the actions applied between them
-        (this step's action is not applied yet); the prediction test of the episode's blocks so far."""
+    def _latest_block(self, length: int):
+        """The block of the last `length` observations and the actions applied between them (this
+        step's action is not applied yet), and the one-block episode it is cut from."""
         from wmcheck.checks.blocks import make_blocks
         from wmcheck.datasets.episode import Episode
 
         ep = Episode(np.array(self._obs[-length:]), np.array(self._acts[-(length - 1) :]), id=0)
-        blocks = make_blocks([ep], self.norm, self.context, self.window)
+        return make_blocks([ep], self.norm, self.context, self.window), ep
+
+    def _block_p(self, blocks) -> float:
+        """The open-loop prediction test of the episode's blocks so far."""
         div = self.cal.score(self.model, blocks, self.cfg.seed).divergence  # (1,)
         self.episode_div.append(float(div[0]))
         return episode_outlier_p(np.array(self.episode_div), *self.real_div, log=True)
+
+    def _score_p(self, blocks, episode) -> float:
+        """The corrections' score test of the episode's blocks so far: per parameter a two-sided
+        one-episode prediction test against the real blocks' scores, Bonferroni over parameters."""
+        from wmcheck.checks import sysid
+
+        layout = self.cal.sysid.layout
+        data = sysid.FitData.of([episode], blocks, self.norm, layout)
+        ev = sysid.evaluate(self.model, data, np.zeros(len(layout)), layout, self.context, sysid.ATTRIBUTION_HORIZON)
+        self.episode_scores.append(ev.grad[0])
+        x = np.array(self.episode_scores)  # (blocks so far, p)
+        real, groups = self.real_scores
+        ps = []
+        for j in range(x.shape[1]):
+            upper = episode_outlier_p(x[:, j], real[:, j], groups, log=False)
+            ps.append(2 * min(upper, 1 - upper))
+        return float(min(1.0, len(ps) * np.nanmin(ps))) if np.isfinite(ps).any() else float("nan")
 
     def finish(self, obs) -> None:
         """The episode's final observation (after its last action), for the log; `GuardedEnv` calls

@@ -9,8 +9,10 @@ recording's own sample-and-hold policy and prints the median per-step time of `G
 env step excluded), the share of steps on the fallback, and the episodes with a rollback and the
 first step it came at. The time per step is given as the median and the mean: the open-loop test
 scores one block every `horizon` steps, which the mean counts and the median mostly does not.
-`--compare` runs every reality twice in the same run, with and without the open-loop test
-(GuardConfig.open_loop), so that its cost and what it catches are measured side by side.
+`--compare` runs every reality three times in the same run: with every test, without the
+corrections' score test (GuardConfig.corrections), and without it and the open-loop test
+(GuardConfig.open_loop), so that each test's cost and what it catches are measured side by side.
+The last column counts the blocks each statistic flagged (one-step windows / open loop / scores).
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ def main(argv=None) -> None:
     p.add_argument(
         "--samples", type=int, default=8, help="latent draws of the guard's one-step mixture (GuardConfig.samples)"
     )
-    p.add_argument("--compare", action="store_true", help="also run without the open-loop test (GuardConfig.open_loop)")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run without the corrections' score test, and without it and the open-loop test",
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -48,12 +54,13 @@ def main(argv=None) -> None:
     from wmcheck.runtime.guard import Guard, GuardConfig
 
     print(
-        f"{'reality':<24} {'open loop':>9} {'ms/step':>8} {'mean ms':>8} {'fallback':>9} {'rollbacks':>10} "
-        "first rollback steps"
+        f"{'reality':<24} {'tests':>11} {'ms/step':>8} {'mean ms':>8} {'fallback':>9} {'rollbacks':>10} "
+        "first rollback steps; flagged window / block / score tests"
     )
+    settings = [(True, True), (True, False), (False, False)] if args.compare else [(True, True)]
     for name, kw in REALITIES.items():
-        for open_loop in (True, False) if args.compare else (True,):
-            cfg = GuardConfig(samples=args.samples, open_loop=open_loop)
+        for open_loop, corrections in settings:
+            cfg = GuardConfig(samples=args.samples, open_loop=open_loop, corrections=corrections)
             guard = Guard(args.run, fallback=lambda obs: np.zeros(1), config=cfg)
             env = make_reality_env("Pendulum-v1", RealityProfile(**kw).to_dict())
             times, firsts = [], []
@@ -74,10 +81,16 @@ def main(argv=None) -> None:
             env.close()
             s = guard.summary()
             hit = [f for f in firsts if f is not None]
+            alpha = cfg.rollback_alpha
+            flagged = [
+                sum(1 for d in guard.decisions if getattr(d, f) is not None and getattr(d, f) <= alpha)
+                for f in ("window_p", "block_p", "score_p")
+            ]
+            tests = "all" if corrections else ("no scores" if open_loop else "one-step")
             print(
-                f"{name:<24} {'on' if open_loop else 'off':>9} {1e3 * np.median(times):>8.2f} "
+                f"{name:<24} {tests:>11} {1e3 * np.median(times):>8.2f} "
                 f"{1e3 * np.mean(times):>8.2f} {s['fallback_steps'] / s['steps']:>9.1%} "
-                f"{len(hit):>4} of {args.episodes:<3} {hit}"
+                f"{len(hit):>4} of {args.episodes:<3} {hit}; {' / '.join(map(str, flagged))}"
             )
 
 

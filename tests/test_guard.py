@@ -99,6 +99,20 @@ def test_a_weak_actuator_shows_in_the_open_loop_test(faults):
     assert sum(q <= 0.01 for q in p["faithful"]) <= 3  # about 0.01 x 18 expected at the rollback level
 
 
+def test_latency_and_a_weak_actuator_show_in_the_corrections_score_test(faults):
+    """The check's latency / actuator score test, run on the episode's blocks so far: a 3-step delay
+    and a gain of 0.3 point the scores away from the real blocks' (measured on this recipe: median p
+    0.05 and 0.22 against the faithful runs' 0.83), and the faithful runs stay at their level."""
+    _, runs = faults
+    p = {k: [s.score_p for s in runs[k][0].decisions if s.score_p is not None] for k in runs}
+    assert len(p["faithful"]) == 6 * 3 and len(p["latency"]) == 4 * 3
+    med = {k: float(np.median(v)) for k, v in p.items()}
+    assert med["latency"] < med["faithful"] / 4 and med["weak_actuator"] < med["faithful"] / 2, med
+    assert sum(q <= 0.01 for q in p["faithful"]) <= 2  # about 0.01 x 18 expected at the rollback level
+    quiet = run(runs["faithful"][0].run_dir, RealityProfile(latency_steps=3), 1, 300, corrections=False)[0]
+    assert all(s.score_p is None for s in quiet.decisions)  # GuardConfig.corrections turns it off
+
+
 def test_the_open_loop_test_scores_the_blocks_the_check_would(faults, tmp_path):
     """The guard's open-loop blocks are the logged trajectory's blocks every `horizon` steps, scored
     as the check scores them: recomputing the p-values from the written log gives the same numbers."""
