@@ -332,6 +332,11 @@ def calibrate(
         info["warning"] = (
             f"only {len(blocks)} held-out blocks: thresholds and power are coarse; "
             "hold out more real episodes for sharper checks"
+            + (
+                ""
+                if folds is not None
+                else " (`calibrate --real EXTRA.h5`, or `train --folds 5`: every episode held out once)"
+            )
         )
     cal = Calibration(
         cfg,

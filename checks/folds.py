@@ -11,7 +11,8 @@ and corrections' fit) is out of fold without knowing about folds.
 Which fold an episode belongs to:
   - a real episode of the training log: its fold (datasets.split.fold_of), so its scores come from
     the one model that held it out; injected copies of it (the power set) keep its id and its fold;
-  - an episode no model trained on (a checked simulator episode, an extra real log): dealt
+  - an episode no model trained on (a checked simulator episode, an extra real log, a monitored
+    new real log): dealt
     round-robin over the folds in id order (`deal`), so each fold model scores an equal share and
     the checked scores are distributed as the pooled out-of-fold real ones under the null.
 """

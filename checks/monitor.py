@@ -42,6 +42,7 @@ import numpy as np
 from wmcheck.checks.blocks import make_blocks
 from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.drift import EpisodeFeatures, LookPlan, decide_look, episode_features, window_test
+from wmcheck.checks.folds import FoldModels, deal
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
@@ -175,7 +176,7 @@ class Context:
 
 
 def load_context(run_dir: Path) -> Context:
-    bundle, cal = load_calibrated(run_dir, one_model_for="`wmcheck monitor`")
+    bundle, cal = load_calibrated(run_dir)
     if cal.real_episode is None or cal.real.z_steps.ndim != 3:
         raise UserError(
             f"{run_dir}: the calibration predates per-episode scores", f"re-run `wmcheck calibrate {run_dir}`"
@@ -240,7 +241,10 @@ def score_new(ctx: Context, log: Path, seen: set[str], seed: int) -> tuple[list[
     ]
     if blocks is None:
         return [], short
-    sc = ctx.cal.score(ctx.bundle.model, blocks, seed)
+    model = ctx.bundle.model
+    if isinstance(model, FoldModels):  # no fold model trained on new data: each episode scored by one, in turn
+        model = model.assigned(deal([e.id for e in eps], len(model)))
+    sc = ctx.cal.score(model, blocks, seed)
     feats = episode_features(sc, blocks.episode, ctx.support_q, ctx.obs_names)
     row = {int(i): r for i, r in zip(feats.ids, feats.values)}
     out = []

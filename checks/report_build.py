@@ -786,7 +786,8 @@ def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:
     return (
         f"INCONCLUSIVE: nothing in the {n_ep} checked episode(s) diverges, but this is not a pass: {why}, so the "
         f"check could not have seen {', '.join(dec.missing_power)} gaps. What would fix it: more held-out real "
-        "episodes (log more, or train with a larger --val-fraction), more or longer checked episodes, or a "
+        "episodes (log more, add real logs with `calibrate --real`, or cross-fit: `train --folds 5` holds every "
+        "episode out once), more or longer checked episodes, or a "
         "better-trained model; a team that accepts a partial pass lists the types it needs in the gate "
         "(require_power: [...])."
     )

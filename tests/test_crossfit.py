@@ -163,10 +163,15 @@ def test_a_cross_fitted_run_calibrates_on_every_episode_and_checks(tmp_path, cap
     cal = Calibration.load(run)
     assert len(cal.info["held_out_episodes"]) == 11 and cal.info["extra_real"][0]["episodes"] == 2
 
-    with pytest.raises(UserError, match="cross-fitted run .*3 fold models.*`wmcheck monitor` needs one model"):
-        load_calibrated(run, one_model_for="`wmcheck monitor`")
-    code = cli.main(["monitor", str(run), "--real", str(extra), "--out", str(tmp_path / "mon")])
-    assert code == 2 and "cross-fitted" in capsys.readouterr().err
+    with pytest.raises(UserError, match="cross-fitted run .*3 fold models.*the runtime guard needs one model"):
+        load_calibrated(run, one_model_for="the runtime guard")
+    shadow = cli.main(["shadow", str(run), "--log", str(sim), "--out", str(tmp_path / "sh")])
+    assert shadow == 2 and "cross-fitted" in capsys.readouterr().err
+    new = record_pendulum(tmp_path / "new.h5", episodes=3, steps=100, seed=11)  # monitor deals new episodes too
+    code = cli.main(["monitor", str(run), "--real", str(new), "--out", str(tmp_path / "mon"), "--period", "3"])
+    assert code in (0, 1, 3), capsys.readouterr().err  # stable, drifted, or inconclusive (a 30-step model)
+    state = json.loads((tmp_path / "mon" / "monitor_state.json").read_text())
+    assert state["model_sha256"] == load_calibrated(run)[0].file_hash
 
 
 def test_power_halves_and_draws_hold_every_fold_in_equal_numbers():

@@ -54,7 +54,7 @@ def read_crossfit(run_dir: str | Path) -> dict | None:
 
 
 def single_model_run(run_dir: str | Path, what: str) -> None:
-    """A UserError for a cross-fitted RUN where a command needs one model (monitor, shadow, the guard)."""
+    """A UserError for a cross-fitted RUN where a command needs one model (shadow, the guard)."""
     info = read_crossfit(run_dir)
     if info is not None:
         raise UserError(
