@@ -27,6 +27,9 @@ import numpy as np
 
 @dataclass
 class FoldModels:
+    """The K models of a cross-fitted run and the fold of every episode of the data at hand; stands
+    where a single model goes in the functions that route through `per_fold`."""
+
     models: list  # K world models (the same config, one normaliser)
     assignment: dict[int, int] = field(default_factory=dict)  # episode id -> fold of the data at hand
 

@@ -149,6 +149,8 @@ def test_a_cross_fitted_run_calibrates_on_every_episode_and_checks(tmp_path, cap
     assert [(run / name / "model.pt").stat().st_mtime_ns for name in info["fold_dirs"]] == mtimes
     with pytest.raises(UserError, match="holds a cross-fitted run with 3 folds"):
         wmcheck.train(log, run, folds=4, **opts)
+    with pytest.raises(UserError, match="12 folds need at least 12 episodes, the log has 9"):
+        wmcheck.train(log, tmp_path / "too_many", folds=12, **opts)
     cal = Calibration.load(run)
     assert cal.info["folds"] == 3 and sorted(cal.info["held_out_episodes"]) == ids
     assert cal.support_ref.shape[0] == 3 and np.asarray(cal.support_scale).shape == (3,)

@@ -81,6 +81,15 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
             f"{out} holds a cross-fitted run with {old['folds']} folds and seed {old.get('seed')}",
             "use a new --out folder, or the run's own --folds / --seed to resume it",
         )
+    from wmcheck.datasets.logformat import open_log
+    from wmcheck.datasets.split import fold_of
+    from wmcheck.training.checkpoint import file_sha256
+
+    with open_log(log_path) as log:
+        try:
+            folds_of = fold_of(log.episode_ids, t.folds, t.seed)  # what every fold's datamodule uses
+        except ValueError as exc:
+            raise UserError(f"{log_path}: {exc}", "pass a smaller --folds (2 at least) or log more episodes") from None
     results = []
     for k in range(t.folds):
         rc = dataclasses.replace(run_config, train=dataclasses.replace(t, fold=k))
@@ -92,13 +101,6 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
         results.append(result)
         if on_fold is not None:
             on_fold(result)
-    from wmcheck.datasets.logformat import open_log
-    from wmcheck.datasets.split import fold_of
-    from wmcheck.training.checkpoint import file_sha256
-
-    with open_log(log_path) as log:
-        folds_of = fold_of(log.episode_ids, t.folds, t.seed)  # what every fold's datamodule used
-
     write_text_atomic(
         out / CROSSFIT_FILE,
         json.dumps(
