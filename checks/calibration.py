@@ -38,7 +38,7 @@ from wmcheck.checks.endings import real_endings
 from wmcheck.checks.folds import FoldModels, deal, load_fold_models, merge_arrays, per_fold
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.checks.policy_match import PolicyPairs, policy_pairs
-from wmcheck.checks.power import PowerSet, injected_power
+from wmcheck.checks.power import PowerSet, halves, injected_power
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks, with_spread_scale
 from wmcheck.checks.sysid import Reference, reference
 from wmcheck.datasets.atomic import atomic_path, write_text_atomic
@@ -47,7 +47,7 @@ from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import training_split
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
-from wmcheck.training.conformal import fit_spread_scale
+from wmcheck.training.conformal import LEVEL, cross_fitted_inside, fit_spread_scale
 from wmcheck.training.crossfit import read_crossfit, single_model_run
 from wmcheck.training.quality import compute_card, read_card, write_card
 
@@ -215,6 +215,33 @@ def extra_real_episodes(paths, channels: dict, training: list, first_id: int) ->
     return out, prov
 
 
+def interval_coverage(r: np.ndarray, episodes: np.ndarray, held: list, strata: dict | None = None) -> dict:
+    """What the checks' calibrated interval is worth: its coverage of the real blocks' truth per
+    horizon step (mean over channels) and per channel (mean over steps), cross-fitted (the scale
+    fitted on one half of the held-out episodes, scored on the other, and back; the halves hold
+    each fold equally, as the power table's do).
+    r (B, H, D) absolute standardised errors of the real blocks, episodes (B,) their episode ids,
+    strata the fold of each episode id (a cross-fitted run) or None."""
+    first, _ = halves(held, strata)
+    inside = cross_fitted_inside(r, episodes, first_half=np.isin(episodes, [e.id for e in first]))
+    H, D = r.shape[1:]
+    per_step = np.full(H, np.nan) if inside is None else inside.mean((0, 2))  # (H,)
+    per_channel = np.full(D, np.nan) if inside is None else inside.mean((0, 1))  # (D,)
+
+    def rounded(a: np.ndarray) -> list:
+        return [round(float(c), 4) if np.isfinite(c) else None for c in a]
+
+    ok = np.isfinite(per_step)
+    return {
+        "level": LEVEL,
+        "per_step": rounded(per_step),
+        "per_channel": rounded(per_channel),
+        "min": float(per_step[ok].min()) if ok.any() else None,
+        "max": float(per_step[ok].max()) if ok.any() else None,
+        "episodes": len(held),
+    }
+
+
 def calibrate(
     run_dir: str | Path,
     log_path: str | Path | None = None,
@@ -294,6 +321,8 @@ def calibrate(
     # The model's own spread under-covers open loop; the conformal scale fitted on these blocks
     # makes its 90 % band cover 90 % of them at every step and channel, and every score uses it.
     spread = fit_spread_scale(np.abs(real.z_steps))  # (H, D)
+    strata = model.assignment if folds is not None else None  # halves (coverage, power) hold each fold equally
+    coverage = interval_coverage(np.abs(real.z_steps), blocks.episode, held, strata)
     real = with_spread_scale(real, spread)
     sysid_ref = None
     if cfg.attribution == "grid":
@@ -306,7 +335,6 @@ def calibrate(
     # Power: halves of the held-out episodes (A: null, B: injected; B uninjected is the control).
     # Both halves are subsets of the real blocks scored above (same episodes, same cuts).
     say("  power: injecting gaps of graded size into held-out episodes")
-    strata = model.assignment if folds is not None else None  # the power halves hold each fold equally
     power = injected_power(model, norm, cfg, held, blocks, real, spread, strata)
     reward_err, reward_std = reward_resolution(model, blocks)
     trained = {e.id for e in train_eps}
@@ -324,6 +352,7 @@ def calibrate(
         "block_length": blocks.length,
         "training_latents": n_latents,
         "folds": len(model) if folds is not None else 0,
+        "interval_coverage": coverage,
         **({"fold_of": {str(e.id): int(strata[e.id]) for e in held}} if strata else {}),
         "seconds": round(time.perf_counter() - t0, 1),
         "dt": bundle.channels.get("dt"),
@@ -360,6 +389,11 @@ def calibrate(
 
         say("  visual: real-vs-real frame distances in the world model's image embedding")
         calibrate_visual(model, held, train_eps).save(run_dir)
+    if coverage["min"] is not None:
+        say(
+            f"  calibrated {LEVEL:.0%} interval: covers {coverage['min']:.2f}-{coverage['max']:.2f} of held-out "
+            f"real truth per imagined step (cross-fitted over {coverage['episodes']} episodes)"
+        )
     say(f"  calibration written to {run_dir / 'calibration.json'} ({info['seconds']} s)")
     if folds is None and read_card(run_dir) is None:  # a run trained before the card: write it, so R9 applies to it too
         card = card_for_run(bundle, log_path)

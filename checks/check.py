@@ -455,6 +455,8 @@ def _report(
             "calibration_folds": int(inp.cal.info.get("folds", 0)),  # > 0: cross-fitted (checks/folds.py)
             "calibration_extra_logs": [x["log"] for x in inp.cal.info.get("extra_real", [])],
             "calibration_warning": inp.cal.info.get("warning"),
+            # the calibrated interval's cross-fitted coverage on the real blocks (None: calibrated before it was measured)
+            "interval_coverage": inp.cal.info.get("interval_coverage"),
         },
         "policy": None if pol is None else {k: v for k, v in pol.items() if not k.startswith("_")},
         "figures": {

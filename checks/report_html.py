@@ -426,6 +426,20 @@ def _folds_note(th: dict) -> str:
     )
 
 
+def _coverage_note(th: dict) -> str:
+    """The calibrated interval's measured coverage on the real blocks (calibration.interval_coverage)."""
+    cov = th.get("interval_coverage") or {}
+    if cov.get("min") is None:
+        return ""
+    lo, hi = cov["min"], cov["max"]
+    span = f"{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}&ndash;{hi:.2f}"
+    return (
+        f" <span id='interval-coverage'>The model's calibrated {cov['level']:.0%} interval covered {span} of "
+        f"held-out real truth per imagined step (cross-fitted over {cov['episodes']} episodes: the spread "
+        "scaled on one half, measured on the other).</span>"
+    )
+
+
 def _power_note(pw: dict) -> str:
     """What limits the power table: fewer injected blocks than the check has, or an unreliable control."""
     first = next(iter(pw["gaps"].values()), None)
@@ -629,7 +643,9 @@ the calibrated threshold; the last column is the smallest size detected with pro
         s.get("blocks", 0)
     } blocks inside the model's competence. False-alarm budget alpha = {s["alpha"]} per run
 (thresholds from {e(str(th["source"]))}, {th.get("calibration_blocks")} held-out real blocks of
-{th.get("calibration_episodes", "?")} real episodes the model never trained on{_folds_note(th)}).</p>{warning}
+{th.get("calibration_episodes", "?")} real episodes the model never trained on{_folds_note(th)}).{
+        _coverage_note(th)
+    }</p>{warning}
 {
         section(
             "Reality-gap table",

@@ -43,6 +43,32 @@ def test_cross_fitted_coverage_is_measured_on_episodes_the_scale_never_saw():
     assert np.isnan(cross_fitted_coverage(r, np.zeros(600, int))).all()  # one episode: not measurable
 
 
+def test_calibration_coverage_halves_hold_each_fold_equally():
+    """calibration.interval_coverage: the halves that fit and score the scale are stratified by
+    fold, so a fold whose model is less certain sits in both (unstratified halves by id order put
+    it in one half: the other half's scale misses it)."""
+    from types import SimpleNamespace
+
+    from wmcheck.checks.calibration import interval_coverage
+
+    rng = np.random.default_rng(2)
+    ids = np.arange(12)
+    fold = {int(i): int(i >= 6) for i in ids}  # fold 0 holds ids 0-5, fold 1 ids 6-11
+    groups = np.repeat(ids, 40)
+    r = _errors(rng, len(groups), np.full((8, 2), 1.0))
+    r[groups < 6] *= 3.0  # fold 0's model states a spread three times too small
+    held = [SimpleNamespace(id=int(i)) for i in ids]
+    stratified = interval_coverage(r, groups, held, fold)
+    assert stratified["episodes"] == 12 and len(stratified["per_step"]) == 8 and len(stratified["per_channel"]) == 2
+    assert abs(np.mean(stratified["per_step"]) - 0.9) < 0.03, stratified
+    assert stratified["min"] <= stratified["max"]
+    by_id = cross_fitted_coverage(r, groups)  # the first six ids against the last six
+    assert by_id.mean() < 0.8
+    # one episode: a half is empty, nothing measurable
+    one = interval_coverage(r[:40], groups[:40], held[:1])
+    assert one["min"] is None and one["per_step"] == [None] * 8
+
+
 def _scores_with_z(z):
     """BlockScores holding only standardised open-loop errors z (n, H, D) (what the divergence uses)."""
     from wmcheck.checks.scoring import BlockScores

@@ -13,6 +13,7 @@ from conftest import light_check_config, record_pendulum
 
 from wmcheck.checks.blocks import make_blocks
 from wmcheck.checks.folds import FoldModels, deal
+from wmcheck.checks.report_html import render_html
 from wmcheck.checks.scoring import score_blocks
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.logformat import open_log
@@ -159,6 +160,10 @@ def test_a_cross_fitted_run_calibrates_on_every_episode_and_checks(tmp_path, cap
     report = wmcheck.check(run, rollouts=sim, tensorboard=False)
     th = report.data["thresholds"]
     assert th["calibration_folds"] == 3 and th["calibration_episodes"] == 9
+    cov = th["interval_coverage"]  # the calibrated interval's coverage, measured over every real episode
+    assert cov["episodes"] == 9 and len(cov["per_step"]) == cal.spread_scale.shape[0]
+    assert 0.0 <= cov["min"] <= cov["max"] <= 1.0
+    assert "id='interval-coverage'" in render_html(report.data)
     assert report.verdict in ("pass", "fail", "inconclusive", "unverifiable")
 
     wmcheck.calibrate(run, real=[extra], **geometry)  # extra real episodes are dealt over the folds

@@ -56,16 +56,30 @@ def interval_covered(r: np.ndarray, scale: np.ndarray | None = None, level: floa
     return np.abs(r) <= zq * s
 
 
-def cross_fitted_coverage(r: np.ndarray, groups: np.ndarray, level: float = LEVEL, pool: int = 2) -> np.ndarray:
-    """Coverage per horizon step (H,) of the calibrated interval on windows it was not fitted on:
+def cross_fitted_coverage(
+    r: np.ndarray, groups: np.ndarray, level: float = LEVEL, pool: int = 2, first_half: np.ndarray | None = None
+) -> np.ndarray:
+    """Coverage per horizon step (H,) of the calibrated interval on windows it was not fitted on
+    (`cross_fitted_inside`, averaged over windows and channels). NaN when a half is empty."""
+    inside = cross_fitted_inside(r, groups, level, pool, first_half)
+    return np.full(r.shape[1], np.nan) if inside is None else inside.mean((0, 2))
+
+
+def cross_fitted_inside(
+    r: np.ndarray, groups: np.ndarray, level: float = LEVEL, pool: int = 2, first_half: np.ndarray | None = None
+) -> np.ndarray | None:
+    """Whether each truth (B, H, D) lies in the calibrated interval fitted without its episode:
     the groups (episodes) are split in two halves; each half is scored with the scale fitted on
-    the other. NaN when fewer than 2 groups."""
-    ids = np.unique(groups)
-    H = r.shape[1]
-    if len(ids) < 2:
-        return np.full(H, np.nan)
-    half = np.isin(groups, ids[: len(ids) // 2])
+    the other. `first_half` (B,) bool names the windows of one half (whole groups, e.g. halves
+    stratified by fold); by default the first half of the sorted group ids. None when a half is
+    empty (fewer than 2 groups)."""
+    if first_half is None:
+        ids = np.unique(groups)
+        first_half = np.isin(groups, ids[: len(ids) // 2])
+    half = np.asarray(first_half, bool)
+    if half.all() or not half.any():
+        return None
     inside = np.zeros(r.shape, bool)
     for fit, score in ((half, ~half), (~half, half)):
         inside[score] = interval_covered(r[score], fit_spread_scale(r[fit], level, pool), level)
-    return inside.mean((0, 2))
+    return inside
