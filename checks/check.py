@@ -26,7 +26,7 @@ from wmcheck.checks import report_build as rb
 from wmcheck.checks.blocks import Blocks, block_controls, block_states, make_blocks
 from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.config import POWER_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
-from wmcheck.checks.decision import Decision, Levels, decide
+from wmcheck.checks.decision import Decision, Levels, decide, strength
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, score_arrays
 from wmcheck.checks.endings import ending_evidence
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
@@ -49,6 +49,10 @@ from wmcheck.training.quality import QualityCard, read_card
 
 REPORT_VERSION = 3  # 2: adds the `policy` and `regimes` sections; 3: the `inconclusive` verdict (exit 3)
 NEXT_STEPS = rb.NEXT_STEPS
+STRENGTH_MEANING = (
+    "largest ratio of a test to its threshold (level / p for the divergence tests, statistic / null quantile "
+    "for the gap rows): >= 1 means some test fired; it ranks runs, the verdict's rules decide"
+)
 
 
 @dataclass
@@ -225,6 +229,8 @@ def _short_check(
         "summary": {
             "score": None,
             "score_meaning": "not computed: no block could be scored",
+            "evidence_strength": rb.r4(strength(ev, levels)),
+            "evidence_strength_meaning": STRENGTH_MEANING,
             "top_gap": dec.top_gap,
             "confounded": dec.confounded,
             "episodes": 0,
@@ -411,6 +417,8 @@ def _report(
                 "real block): 0.5 = like reality, 1 = every checked block worse (or every one better: smoother "
                 "than reality) than every real block"
             ),
+            "evidence_strength": rb.r4(strength(ev, levels)),
+            "evidence_strength_meaning": STRENGTH_MEANING,
             "top_gap": dec.top_gap,
             "confounded": dec.confounded,
             "episodes": len(dec.episodes),

@@ -171,6 +171,26 @@ def _divergence_reasons(div: DivergenceEvidence, levels: Levels) -> list[str]:
     return out
 
 
+def strength(ev: CheckEvidence, levels: Levels) -> float | None:
+    """How far the evidence is from a pass, one number per run: the largest of the tests' ratios
+    to their thresholds, level / p for the divergence tests (each episode's and the pooled test,
+    every score) and evidence (statistic / null quantile) for the gap rows; >= 1 means some test
+    fired. It ranks runs (the detection benchmark's AUROC of the decision, next to the block
+    score's) and decides nothing: the verdict is the rules above (confounding, tolerances, power).
+    None when no test ran."""
+    ratios = [
+        level / max(p, 1e-300)
+        for level, ps in [(levels.episode, e.divergence_p) for e in ev.divergence.episodes]
+        + [(levels.pooled, ev.divergence.pooled.p_values)]
+        for p in ps.values()
+        if not math.isnan(p)
+    ]
+    ratios += [
+        g.evidence for g in ev.gaps.values() if g.checked and g.evidence is not None and not math.isnan(g.evidence)
+    ]
+    return float(max(ratios)) if ratios else None
+
+
 def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) -> Decision:
     """The verdicts of one check (rules E, G, R, T of the module docstring)."""
     episodes = {e.id: episode_verdict(e, levels) for e in ev.divergence.episodes}

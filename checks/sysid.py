@@ -137,8 +137,8 @@ class FitData:
     drivers: np.ndarray  # (n, L, 2M + 1, A + E): driver of column j at offset k - M (prev-aligned)
     act_mean: np.ndarray  # (A,) raw units
     act_std: np.ndarray  # (A,)
-    _tokens: dict = field(default_factory=dict, repr=False)  # (model id, chunk) -> encoder outputs per chunk;
-    # ("subset", index bytes) -> that subset
+    _tokens: dict = field(default_factory=dict, repr=False)  # (model id, chunk) -> encoder outputs per chunk
+    _subsets: dict = field(default_factory=dict, repr=False)  # index bytes -> that subset (FitData.subset)
 
     @classmethod
     def of(cls, episodes, blocks: Blocks, norm, layout: Layout) -> FitData:
@@ -170,10 +170,10 @@ class FitData:
         """The blocks `idx`; the same subset again is the same object (with FoldModels a fit
         evaluates each fold's subset many times, and it keeps its encoder tokens)."""
         idx = np.asarray(idx)
-        key = ("subset", idx.tobytes())
-        if key not in self._tokens:
-            self._tokens[key] = FitData(self.blocks.subset(idx), self.drivers[idx], self.act_mean, self.act_std)
-        return self._tokens[key]
+        key = idx.tobytes()
+        if key not in self._subsets:
+            self._subsets[key] = FitData(self.blocks.subset(idx), self.drivers[idx], self.act_mean, self.act_std)
+        return self._subsets[key]
 
     def __len__(self) -> int:
         return len(self.blocks)

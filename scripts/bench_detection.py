@@ -209,6 +209,7 @@ def run_one(job: CheckJob, spec: SystemSpec, run_dir: Path, log_path: Path, work
             # a flag is a finding (fail or unverifiable); inconclusive (no power) is neither a pass nor a finding
             "flagged": report["verdict"] in ("fail", "unverifiable"),
             "score": s["score"],
+            "strength": s.get("evidence_strength"),
             "top_gap": s["top_gap"],
             "confounded": s["confounded"],
             "present": sorted(g for g, e in gaps.items() if e["verdict"] in ("present", "tolerated")),
@@ -298,6 +299,8 @@ def _row_stats(rows: list[dict], controls: list[dict]) -> dict:
         "verdicts": [r["verdict"] for r in rows],
         "detection": _rate(rows),
         "auroc": _auroc(rows, controls, lambda r: r["score"]),
+        # the decision's own ranking (decision.strength: the largest test-to-threshold ratio)
+        "auroc_strength": _auroc(rows, controls, lambda r: r.get("strength")),
         "attribution": _rate(rows, lambda r: r["top_gap"] in r["truth"]),
         "sensor_noise_row": _rate(rows, lambda r: "sensor_noise" in r["present"]),
         "top_gaps": [r["top_gap"] for r in rows],
@@ -479,6 +482,20 @@ def targets(spec: SystemSpec, summary: dict, alpha: float) -> list[dict]:
             not lost,
         )
     )
+    lost = [
+        n
+        for n, c in rows
+        if c.get("auroc_strength") is not None
+        and c["baselines"]["arx"]["auroc"] is not None
+        and c["auroc_strength"] < c["baselines"]["arx"]["auroc"]
+    ]
+    out.append(
+        _target(
+            "wmcheck AUROC of the decision's evidence strength >= ARX's on every row",
+            f"below ARX on {len(lost)}/{len(rows)} rows" + (f": {', '.join(lost)}" if lost else ""),
+            not lost,
+        )
+    )
     for gap in GAP_TYPES:
         cells = [c for c in summary["cells"] if c["gap"] == gap]
         if cells:
@@ -516,6 +533,11 @@ def _r(r: dict) -> str:
     return "–" if not r["n"] else f"{r['rate']:.2f} ({r['k']}/{r['n']})"
 
 
+def _auc2(c: dict) -> str:
+    """AUROC of the block score / of the decision's evidence strength."""
+    return f"{_f(c['auroc'])} / {_f(c.get('auroc_strength'))}"
+
+
 def _base_cols(c: dict) -> str:
     return " | ".join(
         f"{_f(c['baselines'][b]['detection']['rate'])} / {_f(c['baselines'][b]['auroc'])}" for b in BASELINES
@@ -533,7 +555,7 @@ def _training(s: dict) -> str:
 def system_markdown(s: dict) -> str:
     spec, summ = s["spec"], s["summary"]
     fa = summ["false_alarms"]
-    head = "| detected | AUROC | attributed | sensor-noise row | " + " | ".join(
+    head = "| detected | AUROC score / strength | attributed | sensor-noise row | " + " | ".join(
         f"{b.upper()} det. / AUROC" for b in BASELINES
     )
     lines = [
@@ -569,7 +591,7 @@ def system_markdown(s: dict) -> str:
     ]
     for d in summ["deterministic"]:
         lines.append(
-            f"| {d['row']} | {', '.join(d['truth'])} | {d['n']} | {_f(d['detection']['rate'])} | {_f(d['auroc'])} | "
+            f"| {d['row']} | {', '.join(d['truth'])} | {d['n']} | {_f(d['detection']['rate'])} | {_auc2(d)} | "
             f"{_f(d['attribution']['rate'])} | {_f(d['sensor_noise_row']['rate'])} | {_base_cols(d)} | "
             f"{', '.join(d['verdicts'])} |"
         )
@@ -582,7 +604,7 @@ def system_markdown(s: dict) -> str:
     ]
     for c in summ["cells"]:
         lines.append(
-            f"| {c['gap']} | {c['size']:g} ({c['units']}) | {c['n']} | {_f(c['detection']['rate'])} | {_f(c['auroc'])} | "
+            f"| {c['gap']} | {c['size']:g} ({c['units']}) | {c['n']} | {_f(c['detection']['rate'])} | {_auc2(c)} | "
             f"{_f(c['attribution']['rate'])} | {_f(c['sensor_noise_row']['rate'])} | {_base_cols(c)} | "
             f"{_f(c['estimate_mean_abs_error'])} | {_f(c['power_predicted'])} |"
         )
@@ -920,7 +942,8 @@ def main(argv: list[str] | None = None) -> int:
             "",
             "A check flags a simulator when its verdict is `fail` or `unverifiable` (`inconclusive` is counted apart, "
             f"`error` = no verdict); baselines flag at p < alpha = {CHECK_CONFIG.alpha}. "
-            "AUROC: `summary.score` (baselines: their scores) of each row against all faithful controls. "
+            "AUROC: `summary.score` / `summary.evidence_strength` (baselines: their scores) of each row against all "
+            "faithful controls. "
             "Attributed: `summary.top_gap` is one of the row's true gaps. Predicted power: calibration's power table in each report "
             f"(mean over the cell's checks). {info['cpu_count']} CPUs, {info['torch_threads']} torch thread(s), "
             f"{args.workers} check worker(s), training on {args.device}; total {info['total_seconds']:.0f} s.",

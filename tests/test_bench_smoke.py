@@ -164,7 +164,10 @@ def test_bench_detection_quick(tmp_path):
         if c["verdict"] == "error" or c.get("blocks") == 0:  # nothing could be scored
             assert c["score"] is None
         else:
-            assert 0.0 <= c["score"] <= 1.0
+            assert 0.0 <= c["score"] <= 1.0 and c["strength"] > 0.0
+            # the decision's evidence strength is >= 1 exactly when some test fired
+            if c["failing"]:
+                assert c["strength"] >= 1.0
         for b in ("arx", "mmd", "mlp"):
             if c["family"] != "ending":  # episodes may be shorter than a block: nothing to test
                 assert 0.0 < c["baselines"][b]["p"] <= 1.0 and c["baselines"][b]["score"] >= 0.0
@@ -180,7 +183,7 @@ def test_bench_detection_quick(tmp_path):
         assert cell["n"] == 1
         for key in ("detection", "attribution", "sensor_noise_row"):
             assert 0.0 <= cell[key]["rate"] <= 1.0
-        assert 0.0 <= cell["auroc"] <= 1.0
+        assert 0.0 <= cell["auroc"] <= 1.0 and 0.0 <= cell["auroc_strength"] <= 1.0
         for b in ("arx", "mmd", "mlp"):
             assert (
                 0.0 <= cell["baselines"][b]["detection"]["rate"] <= 1.0 and 0.0 <= cell["baselines"][b]["auroc"] <= 1.0

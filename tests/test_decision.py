@@ -483,3 +483,29 @@ def test_tolerances_cover_only_what_they_name():
     assert t.actuator.covers("gain", 0.95) and not t.actuator.covers("gain", 0.8)
     assert not t.actuator.covers("offset", 0.0)  # no offset bound given: an offset is not tolerated
     assert not LatencyTolerance().covers(0)
+
+
+def test_strength_ranks_runs_by_their_tests_ratios_to_the_thresholds():
+    """decision.strength: below 1 when no test fires, at least 1 when any divergence or gap test
+    does, and the largest ratio itself (not a count of fired tests)."""
+    from wmcheck.checks.decision import strength
+
+    calm = strength(evidence(), LEVELS)
+    assert calm < 1.0
+    # the calm run's largest ratio: the gap rows' 0.2 or a score's level / p (p = 0.4 .. 0.6)
+    assert calm == pytest.approx(max(0.2, LEVELS.pooled / 0.4, LEVELS.episode / 0.4))
+    assert strength(evidence(fire=("dynamics",)), LEVELS) == pytest.approx(3.0)
+    assert strength(evidence(pooled=True), LEVELS) == pytest.approx(LEVELS.pooled / TINY)
+    assert strength(evidence(divergent=1), LEVELS) == pytest.approx(LEVELS.episode / TINY)
+    # a row that could not run adds nothing; a run where no test ran has no strength
+    assert strength(
+        evidence(not_checked=("latency", "actuator", "sensor_noise", "dynamics", "ending", "visual")), LEVELS
+    ) == pytest.approx(max(LEVELS.pooled / 0.4, LEVELS.episode / 0.4))
+    empty = CheckEvidence(
+        DivergenceEvidence([], PooledEvidence({})),
+        {
+            g: GapEvidence.not_checked(g, "no block")
+            for g in ("latency", "actuator", "sensor_noise", "dynamics", "ending", "visual")
+        },
+    )
+    assert strength(empty, LEVELS) is None
