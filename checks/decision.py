@@ -76,7 +76,10 @@ Top gap
       explain what failed (a dynamics gap moves the states; on HalfCheetah the policy test also
       rejects gapped simulators under the logs' own policy, and latency is then still named).
       Otherwise it is why the run is unverifiable, not a finding: on the detection benchmark such
-      rows named sensor_noise and actuator for faithful simulators;
+      rows named sensor_noise and actuator for faithful simulators. A row whose finding another gap
+      type produces as well (`GapEvidence.confounded_with`: a fitted delay that rounds to zero steps
+      is a filter of the commands, as a slower response is; gap_tests.sub_step) is not named: the
+      top gap is none, with the row and its look-alikes listed as confounded;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -271,6 +274,9 @@ def top_gap(
 
     firing = [g for g in DYNAMICS_GAPS if gaps[g] in ("present", "tolerated") and g not in not_causes]
     top, confounded = separate_top({g: ev.gaps[g].boot for g in firing}, firing)
+    alike = ev.gaps[top].confounded_with if top in ev.gaps else ()
+    if alike:  # T1: a finding another gap type produces as well is listed with it, not named alone
+        top, confounded = "none", list(dict.fromkeys([top, *alike]))
     if top == "none" and not confounded:
         if gaps["visual"] in ("present", "tolerated"):
             top = "visual"

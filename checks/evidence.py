@@ -79,6 +79,7 @@ class GapEvidence:
     boot: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (reps,) bootstrap evidence
     detail: Any = None  # the gap's typed estimate (attribution_run.LatencyDetail, ...), for the report
     reason: str = ""
+    confounded_with: tuple[str, ...] = ()  # gap types this finding cannot be told apart from (never named alone)
 
     @property
     def fires(self) -> bool:

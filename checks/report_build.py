@@ -146,7 +146,18 @@ def latency_fit_row(g: GapEvidence, verdict: str) -> dict:
             "fitted_with": [_param_words(e.param, d.names) for e in d.fit.estimates if e.param.kind != "delay"],
         },
         None if best is None else [r4(best.interval[0]), r4(best.interval[1])],
-        _fit_test_words(d) + _fit_words(d) + _support_words(d),
+        _fit_test_words(d) + _fit_words(d) + _support_words(d) + _sub_step_words(g, steps),
+    )
+
+
+def _sub_step_words(g: GapEvidence, steps: float | None) -> str:
+    if not g.confounded_with or steps is None:
+        return ""
+    return (
+        f"; the fitted delay ({steps:+.2f} steps) rounds to zero steps: a fraction of a step mixes each command "
+        "with its neighbour, a filter of the commands that a slower response (damping, inertia, actuator "
+        f"bandwidth) gives as well, so the difference is listed with {', '.join(g.confounded_with)} rather than "
+        "named latency"
     )
 
 
@@ -548,6 +559,11 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
     for g, row in rows.items():
         if row["verdict"] in ("present", "tolerated") and g in NEXT_STEPS:
             row["next_step"] = NEXT_STEPS[g]
+            alike = ev.gaps[g].confounded_with if g in ev.gaps else ()
+            if alike:  # the finding is what another gap type gives as well (decision.py, T1)
+                row["next_step"] += "; or, as the evidence cannot tell them apart: " + "; ".join(
+                    NEXT_STEPS[a] for a in alike
+                )
     return rows
 
 

@@ -509,3 +509,25 @@ def test_strength_ranks_runs_by_their_tests_ratios_to_the_thresholds():
         },
     )
     assert strength(empty, LEVELS) is None
+
+
+def test_a_sub_step_delay_is_listed_with_dynamics_not_named():
+    """T1: a latency finding whose fitted delay rounds to zero steps (gap_tests.sub_step) fails the
+    run but is not the top gap: it is listed with dynamics. A whole-step delay is named; and when
+    the dynamics row fires and the bootstrap separates it, dynamics is named."""
+    from dataclasses import replace
+
+    from wmcheck.checks.gap_tests import sub_step
+
+    assert sub_step(0.23) and sub_step(-0.49) and not sub_step(-0.75) and not sub_step(1.01)
+    ev = evidence(fire=("latency",))
+    named = decide(ev, LEVELS)
+    assert (named.verdict, named.top_gap) == ("fail", "latency")
+    ev.gaps["latency"] = replace(ev.gaps["latency"], confounded_with=("dynamics",))
+    d = decide(ev, LEVELS)
+    assert d.verdict == "fail" and "latency" in d.failing
+    assert d.top_gap == "none" and d.confounded == ["latency", "dynamics"]
+    boot = {"latency": np.full(50, 2.0), "dynamics": np.full(50, 5.0)}
+    both = evidence(fire=("latency", "dynamics"), boot=boot)
+    both.gaps["latency"] = replace(both.gaps["latency"], confounded_with=("dynamics",))
+    assert decide(both, LEVELS).top_gap == "dynamics"
