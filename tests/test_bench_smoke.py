@@ -353,3 +353,25 @@ def test_bench_check_small(tmp_path):
         assert stages["scoring"] > 0 and stages["report"] > 0 and all(v >= 0 for v in stages.values())
         assert math.isclose(sum(stages.values()), c["seconds"], rel_tol=0.05, abs_tol=0.05)
     assert (tmp_path / "bench_check.md").read_text().count("| 3 |") == 2
+
+
+def test_bench_coverage_table_counts_steps_within_the_target():
+    """bench_coverage.markdown: the mean, the steps within 0.90 +- 0.03 and a step's sampling
+    error come from the calibration's per-step coverage (a run without a measurable coverage
+    shows dashes, not zeros dressed as figures)."""
+    from wmcheck.scripts.bench_coverage import markdown
+
+    cov = {"per_step": [0.9, 0.86, 0.95, 0.91], "per_channel": [0.9, 0.9], "min": 0.86, "max": 0.95, "episodes": 20}
+    none = {"per_step": [None] * 4, "per_channel": [None, None], "min": None, "max": None, "episodes": 1}
+    case = {
+        "name": "folds 5",
+        "held_out_episodes": 20,
+        "blocks": 200,
+        "coverage": cov,
+        "card_coverage": None,
+        "seconds": 1.0,
+    }
+    empty = {**case, "name": "split", "held_out_episodes": 1, "blocks": 2, "coverage": none}
+    rows = markdown({"lhb": [case, empty]}).splitlines()
+    assert "| 0.905, 0.86-0.95 | 2/4 | 0.015 |" in rows[2]  # sqrt(0.09 / (200 blocks x 2 channels))
+    assert "| - | 0/4 |" in rows[3]
