@@ -468,34 +468,19 @@ def targets(spec: SystemSpec, summary: dict, alpha: float) -> list[dict]:
     rows = [(f"{c['gap']}={c['size']:g}", c) for c in summary["cells"]] + [
         (f"deterministic {d['row']}", d) for d in det
     ]
-    lost = [
-        n
-        for n, c in rows
-        if c["auroc"] is not None
-        and c["baselines"]["arx"]["auroc"] is not None
-        and c["auroc"] < c["baselines"]["arx"]["auroc"]
-    ]
-    out.append(
-        _target(
-            "wmcheck AUROC >= the linear ARX baseline's on every row",
-            f"below ARX on {len(lost)}/{len(rows)} rows" + (f": {', '.join(lost)}" if lost else ""),
-            not lost,
+    for key, what in (
+        ("auroc", "wmcheck AUROC"),
+        ("auroc_strength", "wmcheck AUROC of the decision's evidence strength"),
+    ):
+        arx = lambda c: c["baselines"]["arx"]["auroc"]  # noqa: E731
+        lost = [n for n, c in rows if c.get(key) is not None and arx(c) is not None and c[key] < arx(c)]
+        out.append(
+            _target(
+                f"{what} >= the linear ARX baseline's on every row",
+                f"below ARX on {len(lost)}/{len(rows)} rows" + (f": {', '.join(lost)}" if lost else ""),
+                not lost,
+            )
         )
-    )
-    lost = [
-        n
-        for n, c in rows
-        if c.get("auroc_strength") is not None
-        and c["baselines"]["arx"]["auroc"] is not None
-        and c["auroc_strength"] < c["baselines"]["arx"]["auroc"]
-    ]
-    out.append(
-        _target(
-            "wmcheck AUROC of the decision's evidence strength >= ARX's on every row",
-            f"below ARX on {len(lost)}/{len(rows)} rows" + (f": {', '.join(lost)}" if lost else ""),
-            not lost,
-        )
-    )
     for gap in GAP_TYPES:
         cells = [c for c in summary["cells"] if c["gap"] == gap]
         if cells:
