@@ -320,9 +320,10 @@ def calibrate(
     real = score_blocks(model, blocks, cfg.samples, ref, scale, seed=cfg.seed)
     # The model's own spread under-covers open loop; the conformal scale fitted on these blocks
     # makes its 90 % band cover 90 % of them at every step and channel, and every score uses it.
-    spread = fit_spread_scale(np.abs(real.z_steps))  # (H, D)
+    r = np.abs(real.z_steps)  # (B, H, D)
+    spread = fit_spread_scale(r)  # (H, D)
     strata = model.assignment if folds is not None else None  # halves (coverage, power) hold each fold equally
-    coverage = interval_coverage(np.abs(real.z_steps), blocks.episode, held, strata)
+    coverage = interval_coverage(r, blocks.episode, held, strata)
     real = with_spread_scale(real, spread)
     sysid_ref = None
     if cfg.attribution == "grid":

@@ -180,8 +180,8 @@ def sub_step(delay_steps: float) -> bool:
     for linear interpolation), a filter of the commands, and a slower response of the system
     (damping, inertia, actuator bandwidth) filters them too. On HalfCheetah a damping gap x1.5 was
     fitted as a delay of 0.23 steps and named latency; true delays of 1 and 2 steps were fitted at
-    1.01 and 1.99 steps by the same model. Such a latency finding stands (the run fails) but is not named alone: the
-    top gap lists it with dynamics (decision.py, T1)."""
+    1.01 and 1.99 steps by the same model. Such a latency finding stands (the run fails) but is
+    not named alone: the top gap lists it with dynamics (decision.py, T1)."""
     return abs(float(delay_steps)) < 0.5
 
 

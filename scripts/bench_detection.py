@@ -468,11 +468,14 @@ def targets(spec: SystemSpec, summary: dict, alpha: float) -> list[dict]:
     rows = [(f"{c['gap']}={c['size']:g}", c) for c in summary["cells"]] + [
         (f"deterministic {d['row']}", d) for d in det
     ]
+
+    def arx(c: dict) -> float | None:
+        return c["baselines"]["arx"]["auroc"]
+
     for key, what in (
         ("auroc", "wmcheck AUROC"),
         ("auroc_strength", "wmcheck AUROC of the decision's evidence strength"),
     ):
-        arx = lambda c: c["baselines"]["arx"]["auroc"]  # noqa: E731
         lost = [n for n, c in rows if c.get(key) is not None and arx(c) is not None and c[key] < arx(c)]
         out.append(
             _target(

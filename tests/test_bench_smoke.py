@@ -373,5 +373,5 @@ def test_bench_coverage_table_counts_steps_within_the_target():
     }
     empty = {**case, "name": "split", "held_out_episodes": 1, "blocks": 2, "coverage": none}
     rows = markdown({"lhb": [case, empty]}).splitlines()
-    assert "| 0.905, 0.86-0.95 | 2/4 | 0.015 |" in rows[2]  # sqrt(0.09 / (200 blocks x 2 channels))
-    assert "| - | 0/4 |" in rows[3]
+    assert "| 0.905, 0.86-0.95 | 0.050 | 2/4 | 0.015 |" in rows[2]  # s.e. sqrt(0.09 / (200 blocks x 2 channels))
+    assert "| - | - | 0/4 |" in rows[3]

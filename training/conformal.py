@@ -56,12 +56,11 @@ def interval_covered(r: np.ndarray, scale: np.ndarray | None = None, level: floa
     return np.abs(r) <= zq * s
 
 
-def cross_fitted_coverage(
-    r: np.ndarray, groups: np.ndarray, level: float = LEVEL, pool: int = 2, first_half: np.ndarray | None = None
-) -> np.ndarray:
+def cross_fitted_coverage(r: np.ndarray, groups: np.ndarray, level: float = LEVEL, pool: int = 2) -> np.ndarray:
     """Coverage per horizon step (H,) of the calibrated interval on windows it was not fitted on
-    (`cross_fitted_inside`, averaged over windows and channels). NaN when a half is empty."""
-    inside = cross_fitted_inside(r, groups, level, pool, first_half)
+    (`cross_fitted_inside` with halves by sorted group id, averaged over windows and channels).
+    NaN when fewer than 2 groups."""
+    inside = cross_fitted_inside(r, groups, level, pool)
     return np.full(r.shape[1], np.nan) if inside is None else inside.mean((0, 2))
 
 
