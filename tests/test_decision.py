@@ -531,3 +531,22 @@ def test_a_sub_step_delay_is_listed_with_dynamics_not_named():
     both = evidence(fire=("latency", "dynamics"), boot=boot)
     both.gaps["latency"] = replace(both.gaps["latency"], confounded_with=("dynamics",))
     assert decide(both, LEVELS).top_gap == "dynamics"
+
+
+def test_a_sub_step_delay_is_not_applied_before_the_residual_tests():
+    """T1: the corrections applied before the residual and bias tests are those of the supported
+    gaps, without a sub-step delay (it would absorb a slower response, i.e. dynamics evidence)."""
+    from wmcheck.checks.gap_tests import applied_columns
+    from wmcheck.checks.sysid import Layout
+
+    layout = Layout.of(n_actions=2, n_inputs=0, max_delay=4)
+    delay = layout.index("delay")
+    actuator = [int(j) for j in layout.columns("actuator")]
+    theta = np.zeros(len(layout))
+    theta[delay] = -0.34
+    assert applied_columns(layout, {"latency"}, theta) == []
+    assert applied_columns(layout, {"latency", "actuator"}, theta) == actuator
+    theta[delay] = -1.01
+    assert applied_columns(layout, {"latency"}, theta) == [delay]
+    assert sorted(applied_columns(layout, {"latency", "actuator"}, theta)) == sorted([delay, *actuator])
+    assert applied_columns(layout, set(), theta) == []
