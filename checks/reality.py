@@ -28,6 +28,7 @@ which `wmcheck.datasets.record.make_env` accepts; from the CLI:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +54,10 @@ Channels = Any  # None, a number (every channel) or a list with one value per ch
 class RealityProfile:
     """The gaps a reality has relative to its simulator. None / 0 / {} means "no such gap"."""
 
-    latency_steps: int = 0
-    """Actions act this many steps after they are commanded (`ActionLatency`)."""
+    latency_steps: float = 0
+    """Actions act this many steps after they are commanded (`ActionLatency`); a fraction of a step
+    (Box actions) mixes each command with the one before it, as a delay that is not a whole number of
+    control periods does."""
     actuator_gain: Channels = None
     """Effect per unit command (1 = none); per channel. Order: deadband, gain/offset, saturation."""
     actuator_offset: Channels = None
@@ -95,13 +98,16 @@ class RealityProfile:
     def __post_init__(self):
         if (
             isinstance(self.latency_steps, bool)
-            or int(self.latency_steps) != self.latency_steps
+            or not isinstance(self.latency_steps, (int, float))
+            or not math.isfinite(self.latency_steps)
             or self.latency_steps < 0
         ):
             raise UserError(
-                f"latency_steps must be a whole number >= 0, got {self.latency_steps!r}", "e.g. latency_steps=2"
+                f"latency_steps must be a number of steps >= 0, got {self.latency_steps!r}",
+                "e.g. latency_steps=2 or latency_steps=1.5",
             )
-        self.latency_steps = int(self.latency_steps)
+        whole = int(self.latency_steps) == self.latency_steps
+        self.latency_steps = int(self.latency_steps) if whole else float(self.latency_steps)
         if self.sensor_drift_mode not in ("ramp", "walk"):
             raise UserError(
                 f"sensor_drift_mode must be 'ramp' or 'walk', got {self.sensor_drift_mode!r}",
@@ -157,7 +163,7 @@ class RealityProfile:
     def _parts(self) -> list[str]:
         parts = []
         if self.latency_steps:
-            parts.append(f"latency {self.latency_steps} step{'s' if self.latency_steps > 1 else ''}")
+            parts.append(f"latency {self.latency_steps:g} step{'s' if self.latency_steps != 1 else ''}")
         act = [
             f"{k} {_fmt(v)}"
             for k, v in (

@@ -67,22 +67,39 @@ def _with_reality(info: dict, key: str, value) -> dict:
 
 
 class ActionLatency(gym.Wrapper, gym.utils.RecordConstructorArgs):
-    """The action applied at step t is the one commanded at step t - `steps` (a pure transport delay).
+    """The action applied at step t is the one commanded at step t - `steps` (a transport delay).
 
-    A FIFO of `steps` actions, refilled at every reset with the neutral action: for a Box space,
-    zeros clipped into the space (0 where 0 is allowed, else the bound nearest 0); for Discrete, the
+    A FIFO of actions, refilled at every reset with the neutral action: for a Box space, zeros
+    clipped into the space (0 where 0 is allowed, else the bound nearest 0); for Discrete, the
     first class (`space.start`), which is rarely "neutral" (CartPole: push left), so pass `neutral=`.
     `steps=0` is the identity.
+
+    A fractional delay k + f (0 < f < 1, Box spaces only) is a delay that is not a whole number of
+    control periods, as real transport delays are: the command held over step t is u_{t-k-1} for the
+    first fraction f of the period and u_{t-k} for the rest, which the step applies as their
+    time-weighted mean f u_{t-k-1} + (1 - f) u_{t-k} (exact for a system linear in the command
+    over one period; a zero-order hold delayed by (k + f) dt otherwise).
     """
 
-    def __init__(self, env: gym.Env, steps: int, neutral=None):
+    def __init__(self, env: gym.Env, steps: float, neutral=None):
         gym.utils.RecordConstructorArgs.__init__(self, steps=steps, neutral=neutral)
         gym.Wrapper.__init__(self, env)
-        if isinstance(steps, bool) or int(steps) != steps or steps < 0:
-            raise UserError(f"latency steps must be a whole number >= 0, got {steps!r}", "e.g. steps=2")
-        self.steps = int(steps)
+        if isinstance(steps, bool) or not np.isfinite(float(steps)) or steps < 0:
+            raise UserError(f"latency steps must be a number >= 0, got {steps!r}", "e.g. steps=2 or steps=1.5")
+        self.whole = int(np.floor(steps))
+        self.fraction = float(steps) - self.whole
+        if self.fraction and not isinstance(env.action_space, spaces.Box):
+            raise UserError(
+                f"a fractional latency ({steps!r} steps) mixes neighbouring commands, which needs a Box action "
+                f"space, not {env.action_space}",
+                "use a whole number of steps",
+            )
+        self.steps = self.whole if not self.fraction else float(steps)
         self.neutral = self.neutral_action(env.action_space) if neutral is None else neutral
-        self._fifo: deque = deque(copy.deepcopy(self.neutral) for _ in range(self.steps))
+        self._fifo: deque = self._filled()
+
+    def _filled(self) -> deque:
+        return deque(copy.deepcopy(self.neutral) for _ in range(self.whole + (1 if self.fraction else 0)))
 
     @staticmethod
     def neutral_action(space: spaces.Space):
@@ -94,14 +111,18 @@ class ActionLatency(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
-        self._fifo = deque(copy.deepcopy(self.neutral) for _ in range(self.steps))
+        self._fifo = self._filled()
         return obs, _with_reality(info, "latency", {"steps": self.steps, "neutral_action": _jsonable(self.neutral)})
 
     def step(self, action):
         if self.steps == 0:
             return self.env.step(action)
         self._fifo.append(copy.deepcopy(action))  # the caller may reuse its action buffer
-        return self.env.step(self._fifo.popleft())
+        if not self.fraction:
+            return self.env.step(self._fifo.popleft())
+        older = np.asarray(self._fifo.popleft(), float)  # u_{t-k-1}; the FIFO's head is now u_{t-k}
+        held = self.fraction * older + (1.0 - self.fraction) * np.asarray(self._fifo[0], float)
+        return self.env.step(held.astype(self.env.action_space.dtype))
 
 
 class ActuatorGap(gym.ActionWrapper, gym.utils.RecordConstructorArgs):

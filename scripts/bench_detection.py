@@ -259,9 +259,9 @@ def estimate_error(gap: str, size: float, est: dict | None) -> dict | None:
     if not est:
         return None
     if gap == "latency" and est.get("steps") is None:  # the fit estimates only when its test fires
-        return {"truth": -int(size), "estimate": None, "abs_error": None}
+        return {"truth": -float(size), "estimate": None, "abs_error": None}
     if gap == "latency":  # the simulator responds `size` steps later: the correction shifts by -size
-        return {"truth": -int(size), "estimate": est["steps"], "abs_error": abs(est["steps"] + int(size))}
+        return {"truth": -float(size), "estimate": est["steps"], "abs_error": abs(est["steps"] + float(size))}
     if (
         gap == "actuator" and est.get("kind") == "gain" and est.get("value") is not None
     ):  # commands must be scaled by 1/size to match reality
@@ -652,6 +652,23 @@ def _replicate_job(job: CheckJob, r: int) -> CheckJob:
     return dataclasses.replace(job, profile=profile, seed=job.seed + r * REPLICATE_SEED)
 
 
+def fixed_train_config(spec: SystemSpec, seed: int, **device) -> TrainConfig:
+    """The spec's fixed training budget (preset, steps, batch, sequence, learning rate, warm-up)."""
+    return TrainConfig(
+        preset=spec.preset,
+        max_steps=spec.steps,
+        batch_size=spec.batch_size,
+        seq_len=spec.seq_len,
+        lr=spec.lr,
+        warmup=spec.warmup,
+        val_fraction=spec.val_fraction,
+        seed=seed,
+        val_every=spec.steps,
+        ckpt_every=spec.steps,
+        **device,
+    )
+
+
 def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
     """One system, one replicate: record the real logs, train, calibrate, run every check."""
     work.mkdir(parents=True, exist_ok=True)
@@ -687,19 +704,7 @@ def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
         # `wmcheck train` without a flag: early stopping, best checkpoint (the split is the spec's)
         cfg = TrainConfig(val_fraction=spec.val_fraction, seed=replicate, **device)
     else:
-        cfg = TrainConfig(
-            preset=spec.preset,
-            max_steps=spec.steps,
-            batch_size=spec.batch_size,
-            seq_len=spec.seq_len,
-            lr=spec.lr,
-            warmup=spec.warmup,
-            val_fraction=spec.val_fraction,
-            seed=replicate,
-            val_every=spec.steps,
-            ckpt_every=spec.steps,
-            **device,
-        )
+        cfg = fixed_train_config(spec, replicate, **device)
     t1 = time.perf_counter()
     if not have_run:
         print(

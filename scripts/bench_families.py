@@ -248,7 +248,7 @@ def variant(reality: RealityProfile, gap: str, size: float, obs_std: np.ndarray,
     the physical parameter scaled by 1 + size."""
     r = reality
     if gap == "latency":
-        kw = {"latency_steps": r.latency_steps + int(size)}
+        kw = {"latency_steps": r.latency_steps + size}
     elif gap == "actuator":
         kw = {"actuator_gain": _scaled(r.actuator_gain, 1.0 / size)}
     elif gap == "sensor_noise":

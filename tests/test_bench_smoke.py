@@ -375,3 +375,41 @@ def test_bench_coverage_table_counts_steps_within_the_target():
     rows = markdown({"lhb": [case, empty]}).splitlines()
     assert "| 0.905, 0.86-0.95 | 0.050 | 2/4 | 0.015 |" in rows[2]  # s.e. sqrt(0.09 / (200 blocks x 2 channels))
     assert "| - | - | 0/4 |" in rows[3]
+
+
+def test_bench_estimates_pairs_the_errors_and_counts_only_found_rows():
+    """The fit / grid comparison is paired over checks where both found the row; an unfound row's
+    estimate never enters a mean, and the off-grid set is kept apart from the on-grid one."""
+    from wmcheck.scripts import bench_estimates as be
+
+    def row(gap, size, on, fit, grid):
+        truth = -size if gap == "latency" else 1 / size
+        r = {"gap": gap, "size": size, "on_grid": on, "seed": 0, "steps": 1600}
+        for m, est in (("fit", fit), ("grid", grid)):
+            r[m] = {
+                "found": est is not None,
+                "row": "present" if est is not None else "absent",
+                "estimate": est,
+                "truth": truth,
+                "abs_error": None if est is None else abs(est - truth),
+                "seconds": 2.0 if m == "fit" else 6.0,
+            }
+        return r
+
+    rows = [
+        row("latency", 1.5, False, -1.45, -1.0),  # errors 0.05 and 0.5
+        row("latency", 1.5, False, -1.55, -2.0),  # 0.05 and 0.5
+        row("latency", 1.5, False, -1.4, None),  # grid misses: not paired, fit's own mean only
+        row("latency", 1.0, True, -1.1, -1.0),  # 0.1 and 0
+    ]
+    s = be.summarise(rows)
+    off = s["sets"]["latency off the grid"]
+    assert off["paired"] == 2 and off["grid"]["found"] == 2 and off["fit"]["estimated"] == 3
+    assert abs(off["fit"]["mae_paired"] - 0.05) < 1e-9 and abs(off["grid"]["mae_paired"] - 0.5) < 1e-9
+    assert abs(off["grid_over_fit"] - 10.0) < 1e-6
+    assert abs(off["fit"]["mae"] - (0.05 + 0.05 + 0.1) / 3) < 1e-9
+    on = s["sets"]["latency on the grid"]
+    assert on["grid"]["mae_paired"] == 0.0 and on["grid_over_fit"] == 0.0
+    assert s["median_check_seconds"] == {"fit": 2.0, "grid": 6.0}
+    md = be.table("pendulum", s)
+    assert "| latency off the grid | 3 |" in md and "grid / fit 3.00x" in md

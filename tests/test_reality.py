@@ -56,6 +56,25 @@ def test_latency_applies_the_action_from_k_steps_earlier(k):
     assert not np.allclose(real, wrong)
 
 
+@pytest.mark.parametrize("steps", [0.5, 1.25, 2.75])
+def test_a_fractional_latency_holds_the_time_weighted_mean_of_two_commands(steps):
+    """k + f steps: the step applies f u_{t-k-1} + (1 - f) u_{t-k}; neither whole delay matches."""
+    a = torques()
+    k, f = int(steps), steps - int(steps)
+    env = make_reality_env("Pendulum-v1", RealityProfile(latency_steps=steps))
+    real, infos = rollout(env, a, seed=5)
+    plain = gym.make("Pendulum-v1")
+    expected, _ = rollout(plain, (f * delayed(a, k + 1) + (1 - f) * delayed(a, k)).astype(np.float32), seed=5)
+    np.testing.assert_allclose(real, expected, rtol=1e-6, atol=1e-6)
+    for whole in (k, k + 1):
+        other, _ = rollout(plain, delayed(a, whole), seed=5)
+        assert not np.allclose(real, other)
+    assert infos[0]["reality"]["latency"]["steps"] == steps
+    assert f"latency {steps:g} steps" in RealityProfile(latency_steps=steps).describe()
+    with pytest.raises(UserError, match="Box action"):
+        make_reality_env("CartPole-v1", {"latency_steps": steps})
+
+
 def test_latency_fifo_is_refilled_at_reset():
     env = make_reality_env("Pendulum-v1", RealityProfile(latency_steps=2))
     a = torques()
@@ -276,7 +295,8 @@ def test_profile_json_round_trip_and_validation():
         RealityProfile.from_dict({"version": 99})
     for bad in (
         {"latency_steps": -1},
-        {"latency_steps": 1.5},
+        {"latency_steps": float("nan")},
+        {"latency_steps": "2"},
         {"sensor_drift_mode": "sine"},
         {"sensor_noise_std": [0.1, -0.1]},
         {"actuator_saturation": 0},
