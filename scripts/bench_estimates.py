@@ -15,7 +15,8 @@ its run is calibrated per attribution ("fit", "grid"); every checked simulator i
 Per truth it prints how often the row is found, the estimates and their mean absolute error, on
 and off the grid, and both attributions' check times (median, in the same run).
 
-    .venv/bin/python scripts/bench_estimates.py --threads 1 --out /tmp/best   # Pendulum, ~15 min
+    .venv/bin/python scripts/bench_estimates.py --threads 1 --out /tmp/best   # Pendulum, ~10 min
+    .venv/bin/python scripts/bench_estimates.py --systems halfcheetah --threads 1    # ~25 min of checks, plus training
     .venv/bin/python scripts/bench_estimates.py --quick                       # a smoke test
 
 Writes OUT/bench_estimates.json and OUT/bench_estimates.md; `--reuse` keeps the trained and
