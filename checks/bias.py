@@ -6,25 +6,33 @@ engineering simulator is smoother than reality and scores *better* on all of the
 is a systematic bias: too much power at low wind, too little at high wind, fuel use 20 % too high.
 This module owns the test that sees it.
 
-Cells. Per observation channel d, the signed open-loop error e = truth - predicted mean of the
-imagined steps of a block (normalised units) is averaged over
-  - all imagined steps (the channel's overall bias), and
-  - the steps whose control k (a command or an exogenous input acting on the step) falls in bin j
-    of the held-out real values' quantiles (regimes.quantile_edges): the bias in that operating
-    regime. A block enters a regime cell with at least `min_steps` steps there.
-Cells are (n, C) per block with C = D x (1 + sum of the bins), NaN where a block has too few steps.
+Cells, in three families. Per observation channel d, with e = truth - predicted mean of the
+imagined steps of a block (normalised units):
+  - overall: e averaged over all imagined steps (the channel's bias);
+  - response: the least-squares slope of e on the predicted value over an episode's imagined
+    steps. A more damped or more sluggish simulator moves less than the model predicts from
+    reality wherever it is, so its errors point against the prediction (slope < 0) while their
+    mean is zero; a livelier one gives slope > 0. Needs the predicted means (CellLayout.response);
+  - regime: e averaged over the steps whose control k (a command or an exogenous input acting on
+    the step) falls in bin j of the held-out real values' quantiles (regimes.quantile_edges): the
+    bias in that operating regime. A block enters a regime cell with at least `min_steps` steps there.
+Blocks store columns (CellLayout.block_columns: the overall and regime means, and for the
+response the means of e, p, e p and p^2 from which each episode's slope is computed), NaN where a
+block has too few steps in a regime.
 
-Test. Episodes are the units: each cell's block values are averaged per episode, and each cell's
-statistic is Welch's t of the checked episodes' mean against the real episodes' (with one checked
-episode, against a new real episode's). The run's statistic is the largest |t| over all cells
-(the model's own bias on real data is in the real episodes' means, so it cancels). Its null comes
-from the episodes themselves: the checked and real episodes are permuted (a check of the same size
-drawn from reality), so correlated cells are not over-corrected as Bonferroni would, and the
-threshold holds for any number of checked episodes. Where too few distinct permutations exist to
-reach the level (one checked episode against few real ones), each cell is held to its own
-Bonferroni Welch critical value instead. `evidence` = statistic / threshold (>= 1: significant at
-the level); a cell is significant when its |t| reaches the threshold (single-step max-t, so the
-family-wise error over cells is controlled).
+Test. Episodes are the units: each cell's value is taken per episode, and each cell's statistic is
+Welch's t of the checked episodes' values against the real episodes' (with one checked episode,
+against a new real episode's). The model's own bias on real data is in the real episodes' values,
+so it cancels. The null comes from the episodes themselves: the checked and real episodes are
+permuted (a check of the same size drawn from reality), so correlated cells are not
+over-corrected as Bonferroni would, and the threshold holds for any number of checked episodes.
+The families are combined by single-step min-p (`min_p_thresholds`): each family's max |t| is
+ranked against the same family's maxima over the permutations, and the best rank decides, so the
+17 response cells of a 17-channel system are not drowned by its 800 regime cells. Where too few
+distinct permutations exist to reach the level (one checked episode against few real ones), each
+cell is held to its own Bonferroni Welch critical value instead. `evidence` = max over cells of
+|t| / its family's threshold (>= 1: significant at the level); a cell is significant when its |t|
+reaches that threshold (the family-wise error over all cells is controlled).
 
 Paired. When every checked block replays the logged inputs of a held-out real block (a plant
 simulator driven by the logged weather: check._real_twins), each block is compared with its twin:
@@ -33,9 +41,11 @@ those episode means, and the null of the max |t| flips the signs of whole episod
 difference is as likely negative as positive); Bonferroni one-sample t where too few sign patterns
 exist. What the checked and the real episode share (the week's wind) then cancels.
 
-Estimates: the difference of means (checked - real) per cell in physical units with its Welch 95 %
-interval, and relative to the model's predicted level of the channel in the cell (the integral of
-the channel over the imagined steps, in %; not given where the level is near zero).
+Estimates: the difference (checked - real) per cell with its Welch 95 % interval: for overall and
+regime cells in physical units, and relative to the model's predicted level of the channel in the
+cell (the integral of the channel over the imagined steps, in %; not given where the level is near
+zero); for response cells the difference of slopes (-0.2: the checked system follows the model's
+predicted swings 0.8x as far as reality does).
 """
 
 from __future__ import annotations
@@ -60,6 +70,89 @@ class Cell:
     control: int | None = None  # control channel of the regime (None: all imagined steps)
     lo: float | None = None  # regime range, normalised control units
     hi: float | None = None
+    kind: str = "overall"  # overall / response / regime (the families of the test)
+
+
+FAMILIES = ("overall", "response", "regime")
+RESPONSE_SUMS = 4  # block columns per channel of a response cell: mean e, p, e p and p^2
+
+
+@dataclass
+class CellLayout:
+    """The cells of one bias test: D observation channels, the regime edges of the controls, and
+    whether the response cells are in (they need the model's predicted means).
+
+    Block columns (`block_columns`, what is stored per block and subset by the power table):
+    [overall D | response sums 4D | regime cells]. Tested cells (`episode_values`, `cells`):
+    [overall D | response slopes D | regime cells], each episode's response slope computed from the
+    means of its blocks' sums (all blocks have the same number of imagined steps)."""
+
+    n_obs: int
+    edges: list
+    response: bool = False
+
+    def cells(self) -> list[Cell]:
+        D = self.n_obs
+        out = [Cell(d) for d in range(D)]
+        if self.response:
+            out += [Cell(d, kind="response") for d in range(D)]
+        for k, e in enumerate(self.edges):
+            for j in range(len(e) - 1):
+                out += [Cell(d, k, float(e[j]), float(e[j + 1]), "regime") for d in range(D)]
+        return out
+
+    def families(self) -> np.ndarray:
+        """(C,) each tested cell's family (an index into FAMILIES)."""
+        return np.array([FAMILIES.index(c.kind) for c in self.cells()], int)
+
+    def block_columns(
+        self, err: np.ndarray, controls: np.ndarray | None, pred: np.ndarray | None = None, min_steps: int = MIN_STEPS
+    ) -> np.ndarray:
+        """err, pred (n, H, D), controls (n, H, K) -> (n, Cb) float32 block columns."""
+        cells = bias_cells(err, controls, self.edges, min_steps)  # (n, D + regimes)
+        if not self.response:
+            return cells
+        if pred is None or np.shape(pred) != np.shape(err):
+            raise ValueError("the response cells need the predicted means (n, H, D) of the same blocks")
+        D = self.n_obs
+        return np.concatenate([cells[:, :D], response_sums(err, pred), cells[:, D:]], 1)
+
+    def episode_values(self, columns: np.ndarray, groups: np.ndarray) -> np.ndarray:
+        """(n, Cb) block columns -> (E, C) the tested cells per episode (sorted episode order)."""
+        means = episode_cell_means(columns, groups)  # (E, Cb)
+        if not self.response:
+            return means
+        D = self.n_obs
+        s = means[:, D : D + RESPONSE_SUMS * D]
+        return np.concatenate([means[:, :D], response_slopes(s, D), means[:, D + RESPONSE_SUMS * D :]], 1)
+
+    def levels(self, pred: np.ndarray, controls: np.ndarray | None) -> np.ndarray:
+        """(C,) the model's mean predicted value of each cell's channel over the blocks' steps in the
+        cell (normalised units; the denominator of the relative bias); NaN for response cells."""
+        level = predicted_level(pred, controls, self.edges)  # (D + regimes,)
+        if not self.response:
+            return level
+        D = self.n_obs
+        return np.concatenate([level[:D], np.full(D, np.nan), level[D:]])
+
+
+def response_sums(err: np.ndarray, pred: np.ndarray) -> np.ndarray:
+    """Per block and channel the means over the imagined steps of e, p, e p and p^2 (e = truth -
+    predicted mean p, normalised units): err, pred (n, H, D) -> (n, 4D)."""
+    e, p = np.asarray(err, np.float64), np.asarray(pred, np.float64)
+    return np.concatenate([e.mean(1), p.mean(1), (e * p).mean(1), (p * p).mean(1)], 1).astype(np.float32)
+
+
+def response_slopes(sums: np.ndarray, n_obs: int) -> np.ndarray:
+    """(E, 4D) episode means of response_sums -> (E, D) each episode's least-squares slope of the
+    open-loop error on the predicted value, per channel: 0 when the truth moves as the prediction
+    does, < 0 when it moves less (a more damped, more sluggish system), > 0 when more. NaN where
+    the prediction does not vary over the episode."""
+    D = n_obs
+    me, mp, mep, mpp = (sums[:, i * D : (i + 1) * D].astype(np.float64) for i in range(RESPONSE_SUMS))
+    var = mpp - mp**2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(var > 1e-8 * np.maximum(mpp, 1e-12), (mep - me * mp) / var, np.nan)
 
 
 def regime_edges(real_controls: np.ndarray | None, bins: int = BINS) -> list[np.ndarray]:
@@ -69,21 +162,21 @@ def regime_edges(real_controls: np.ndarray | None, bins: int = BINS) -> list[np.
     return [quantile_edges(real_controls[..., k].ravel(), bins) for k in range(real_controls.shape[-1])]
 
 
-def calibration_cells(cal) -> tuple[list[np.ndarray], np.ndarray] | None:
-    """The regime edges and the held-out real blocks' cells (m, C) of a calibration
-    (calibration.Calibration); None when it has no per-step errors or controls."""
-    if cal.real.err_steps.ndim != 3 or cal.real_controls is None:
+def calibration_cells(cal) -> tuple[CellLayout, np.ndarray] | None:
+    """The cell layout and the held-out real blocks' block columns (m, Cb) of a calibration
+    (calibration.Calibration); None when it has no per-step errors or controls. The response cells
+    are in when the calibration kept the real blocks' predicted means (calibration format 10 on)."""
+    real = cal.real
+    if real.err_steps.ndim != 3 or cal.real_controls is None:
         return None
-    edges = regime_edges(cal.real_controls)
-    return edges, bias_cells(cal.real.err_steps, cal.real_controls, edges)
+    pred = real.pred_mean if np.shape(real.pred_mean) == np.shape(real.err_steps) else None
+    layout = CellLayout(real.err_steps.shape[-1], regime_edges(cal.real_controls), pred is not None)
+    return layout, layout.block_columns(real.err_steps, cal.real_controls, pred)
 
 
 def cell_layout(n_obs: int, edges: list[np.ndarray]) -> list[Cell]:
-    cells = [Cell(d) for d in range(n_obs)]
-    for k, e in enumerate(edges):
-        for j in range(len(e) - 1):
-            cells += [Cell(d, k, float(e[j]), float(e[j + 1])) for d in range(n_obs)]
-    return cells
+    """The overall and regime cells (CellLayout without response cells)."""
+    return CellLayout(n_obs, edges).cells()
 
 
 def bias_cells(
@@ -206,43 +299,81 @@ def bias_test(
     rng: np.random.Generator,
     boot_idx=None,
     permutations: int = PERMUTATIONS,
+    layout: CellLayout | None = None,
 ) -> BiasTest:
-    """The test of the module docstring on block cells (n, C) / (m, C) with their episodes.
+    """The test of the module docstring on block columns (n, Cb) / (m, Cb) with their episodes
+    (`layout` says what they are; without one every column is a cell of one family).
     `boot_idx`: checked-block index resamples (stats.cluster_bootstrap) for the evidence's bootstrap
     (the replicates the other gap tests use, so the top gap compares like with like)."""
-    mx = episode_cell_means(checked_cells, checked_groups)  # (Ex, C)
-    my = episode_cell_means(real_cells, real_groups)  # (Ey, C)
+    values = episode_cell_means if layout is None else layout.episode_values
+    mx = values(checked_cells, checked_groups)  # (Ex, C)
+    my = values(real_cells, real_groups)  # (Ey, C)
+    families = None if layout is None else layout.families()
     ex, ey = len(mx), len(my)
     ones_x, ones_y = np.ones((1, ex)), np.ones((1, ey))
     obs_x, obs_y = _Moments.of(ones_x, mx), _Moments.of(ones_y, my)
     t, se, df = (a[0] for a in welch(obs_x, obs_y))
     diff = (obs_x.mean() - obs_y.mean())[0]  # (C,) NaN where a side has no episode in the cell
-    null_max = None
+    null = None
     if ex and ey and _distinct_splits(ex, ey) >= 2.0 / level and permutations > 0:
         pooled = np.concatenate([mx, my])  # (E, C)
         perm = rng.permuted(np.tile(np.arange(ex + ey), (permutations, 1)), axis=1)  # (P, E)
         wx = np.zeros((permutations, ex + ey))
         np.put_along_axis(wx, perm[:, :ex], 1.0, 1)
         tp, _, _ = welch(_Moments.of(wx, pooled), _Moments.of(1.0 - wx, pooled))
-        null_max = np.abs(tp).max(1)  # (P,)
+        null = np.abs(tp)  # (P, C)
     boot_t = None
     if boot_idx:
         boot_t = welch(_Moments.of(_boot_weights(checked_groups, boot_idx), mx), _Moments.of(ones_y, my))[0]
-    return _result(t, diff, se, df, level, null_max, "permutation", boot_t, ex, ey, False)
+    return _result(t, diff, se, df, level, null, "permutation", boot_t, ex, ey, False, families)
 
 
-def _result(t, diff, se, df, level, null_max, null_name, boot_t, ex, ey, paired) -> BiasTest:
-    """The max-|t| decision: the null's threshold (or Bonferroni without one), evidence, bootstrap."""
+def _result(t, diff, se, df, level, null, null_name, boot_t, ex, ey, paired, families=None) -> BiasTest:
+    """The min-p decision over the cells' families (one family: the max-|t| decision), the
+    Bonferroni thresholds without a resampled null, evidence, bootstrap."""
     C = len(t)
-    if null_max is not None:
-        stat = float(np.max(np.abs(t))) if C else 0.0
-        threshold = np.full(C, _max_t_threshold(null_max, level))
-        p_value, null = float((1 + np.sum(null_max >= stat)) / (len(null_max) + 1)), null_name
+    families = np.zeros(C, int) if families is None else np.asarray(families, int)
+    if null is not None:
+        threshold, p_value = min_p_thresholds(np.abs(t), null, families, level)
     else:
-        threshold, p_value, null = _bonferroni(df, level), None, "bonferroni"
+        threshold, p_value, null_name = _bonferroni(df, level), None, "bonferroni"
     evidence = float(_ratio(t, threshold).max()) if C else 0.0
     boot = np.zeros(0) if boot_t is None else _ratio(boot_t, threshold).max(1)
-    return BiasTest(t, diff, se, df, threshold, evidence, null, p_value, boot, ex, ey, paired)
+    return BiasTest(t, diff, se, df, threshold, evidence, null_name, p_value, boot, ex, ey, paired)
+
+
+def min_p_thresholds(
+    stat: np.ndarray, null: np.ndarray, families: np.ndarray, level: float
+) -> tuple[np.ndarray, float]:
+    """Thresholds (C,) of |t| and the permutation p of the observed cells, from null |t| (P, C).
+
+    Single-step min-p over families (Westfall and Young): each family's statistic is its max |t|,
+    turned into a rank among the null rows' maxima of that family; the run's statistic is the best
+    rank over families, and its null is the same best rank of every null row. So a family of 17
+    cells is not drowned by one of 800 (as in one max over all cells) and no Bonferroni split is
+    paid for correlated families. A cell fires when its |t| reaches its family's threshold: the
+    value whose rank is the critical one. With one family this is the max-|t| test: fire iff at
+    most k - 1 null maxima reach the statistic, k = floor(level (P + 1))."""
+    labels = np.unique(families)
+    P = null.shape[0]
+    M = np.stack([null[:, families == f].max(1) for f in labels], 1)  # (P, F) each family's max
+    srt = np.sort(M, 0)  # ascending per family
+    # rank from the top of each null row in its family: #{rows whose max >= this row's}
+    rank = np.stack([P - np.searchsorted(srt[:, i], M[:, i], "left") for i in range(len(labels))], 1)
+    best = np.sort(rank.min(1))  # (P,) the null's best rank, ascending
+    obs = [stat[families == f].max() if np.any(families == f) else 0.0 for f in labels]
+    obs_rank = min(int(P - np.searchsorted(srt[:, i], obs[i], "left")) for i in range(len(labels)))
+    p_value = float((1 + np.sum(best <= obs_rank)) / (P + 1))
+    k = int(math.floor(level * (P + 1)))
+    thr = np.full(len(labels), np.inf)
+    if 2 <= k <= P:
+        r_star = int(best[k - 1]) - 1  # the largest rank that at most k - 1 null rows reach
+        if r_star >= 1:  # a family's statistic must reach its r_star-th largest null maximum
+            thr = np.maximum(srt[P - r_star], 1e-12)
+    out = np.empty(len(families))
+    for i, f in enumerate(labels):
+        out[families == f] = thr[i]
+    return out, p_value
 
 
 def one_sample(m: _Moments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -253,15 +384,6 @@ def one_sample(m: _Moments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         t = m.mean() / se
     ok = (m.n >= 2) & (se > 0) & np.isfinite(t)
     return np.where(ok, t, 0.0), np.where(ok, se, np.nan), np.where(ok, m.n - 1, np.nan)
-
-
-def _max_t_threshold(null_max: np.ndarray, level: float) -> float:
-    """The |t| the observed max must reach: fire iff p = (1 + #{null >= stat}) / (P + 1) <= level,
-    i.e. at most k - 1 null values reach the statistic (the k-th largest null value but one)."""
-    null_max = np.sort(null_max)
-    P = len(null_max)
-    k = int(math.floor(level * (P + 1)))
-    return max(float(null_max[P - k + 1]), 1e-12) if 2 <= k <= P else float("inf")
 
 
 def _bonferroni(df: np.ndarray, level: float) -> np.ndarray:
@@ -291,27 +413,33 @@ def _ratio(t: np.ndarray, threshold: np.ndarray) -> np.ndarray:
 
 
 def paired_bias_test(
-    diff_cells: np.ndarray,
+    checked_cells: np.ndarray,
+    twin_cells: np.ndarray,
     groups: np.ndarray,
     level: float,
     rng: np.random.Generator,
     boot_idx=None,
     permutations: int = PERMUTATIONS,
+    layout: CellLayout | None = None,
 ) -> BiasTest:
-    """The paired test of the module docstring on (n, C) cell differences checked - twin."""
-    m = episode_cell_means(diff_cells, groups)  # (E, C)
+    """The paired test of the module docstring: block columns (n, Cb) of the checked blocks and of
+    each one's real twin; a column is compared where both blocks have it."""
+    both = np.isfinite(checked_cells) & np.isfinite(twin_cells)
+    values = episode_cell_means if layout is None else layout.episode_values
+    m = values(np.where(both, checked_cells, np.nan), groups) - values(np.where(both, twin_cells, np.nan), groups)
     E, C = m.shape
     t, se, df = (a[0] for a in one_sample(_Moments.of(np.ones((1, E)), m)))
     diff = _Moments.of(np.ones((1, E)), m).mean()[0]
-    null_max = None
+    null = None
     if E and 2.0**E >= 2.0 / level and permutations > 0:
         signs = rng.choice([-1.0, 1.0], size=(permutations, E))
         v = np.isfinite(m)
         m0 = np.where(v, m, 0.0)
         flipped = _Moments(np.ones((permutations, E)) @ v, signs @ m0, np.ones((permutations, E)) @ (m0**2))
-        null_max = np.abs(one_sample(flipped)[0]).max(1)
+        null = np.abs(one_sample(flipped)[0])  # (P, C)
     boot_t = one_sample(_Moments.of(_boot_weights(groups, boot_idx), m))[0] if boot_idx else None
-    return _result(t, diff, se, df, level, null_max, "sign-flip", boot_t, E, E, True)
+    families = None if layout is None else layout.families()
+    return _result(t, diff, se, df, level, null, "sign-flip", boot_t, E, E, True, families)
 
 
 def predicted_level(pred_mean: np.ndarray, controls: np.ndarray | None, edges: list[np.ndarray]) -> np.ndarray:

@@ -51,13 +51,14 @@ from wmcheck.training.conformal import LEVEL, cross_fitted_inside, fit_spread_sc
 from wmcheck.training.crossfit import read_crossfit, single_model_run
 from wmcheck.training.quality import compute_card, read_card, write_card
 
-CALIBRATION_VERSION = 9  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 10  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
 # 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale;
 # 6: the power entries' open-loop bias cells (bias.py); 7: the corrections' fit reference (sysid.py);
 # 8: the held-out episodes' (conditions, command) pairs (policy_match.py); 9: the divergence score is the
-# share of open-loop cells outside the 90 % interval (scoring.exceedance_share), not the mean z^2
+# share of open-loop cells outside the 90 % interval (scoring.exceedance_share), not the mean z^2;
+# 10: the held-out blocks' open-loop predicted means (the bias test's response cells, bias.py)
 @dataclass
 class Calibration:
     config: CheckConfig

@@ -200,6 +200,12 @@ def applied_columns(layout: sysid.Layout, supported: set[str], theta: np.ndarray
     ]
 
 
+def applied_words(p: sysid.Param, rel: float, names: list[str], astd: np.ndarray) -> str:
+    """One applied correction in words: its value relative to the real reference, physical units."""
+    v = sysid.physical(p, rel, astd)
+    return f"delay {v:+.2f} steps" if p.kind == "delay" else f"{p.kind} {v:.3g} on {names[p.channel]}"
+
+
 @dataclass
 class FitDetail:
     """The latency or actuator row from the corrections' score test and joint fit (sysid.py)."""
@@ -310,17 +316,22 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
         est, pairs, rel, total = sysid.estimates(f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of)
         result = sysid.SysidResult(layout, f, est, pairs, ok, evaluations + len(f.free), rel, total)
         supported = {gap for gap in fired if result.support(layout.columns(gap)) >= 1.0}
-        kept = applied_columns(layout, supported, f.theta)
+        # the rule on the estimate the rows report (relative to the model's own fit on real data)
+        kept = applied_columns(layout, supported, f.theta - cal.sysid.theta)
+        fitted, note = f.theta, ""
+        i_d = layout.index("delay")
+        if i_d is not None and i_d in f.free and i_d not in kept and any(j != i_d for j in kept):
+            # the command parameters were fitted with the sub-step delay that is not applied: refit
+            # them without it (a delay looks partly like a weaker gain)
+            g = fit(kept, start=np.where(np.arange(len(layout)) == i_d, 0.0, f.theta))
+            fitted, note = g.theta, " (refitted without the sub-step delay)"
+            result.evaluations += g.evaluations
         if kept:
             theta = np.zeros(len(layout))
-            theta[kept] = f.theta[kept]
+            theta[kept] = fitted[kept]
             blocks = sysid.corrected_blocks(data_all, theta, layout)
             applied = [
-                f"delay {e.value:+.2f} steps"
-                if e.param.kind == "delay"
-                else f"{e.param.kind} {e.value:.3g} on {e.channel}"
-                for e in est
-                if layout.index(e.param.kind, e.param.channel) in kept
+                applied_words(layout.params[j], fitted[j] - cal.sysid.theta[j], names, astd) + note for j in kept
             ]
     box: dict[str, dict[str, list[float]]] = {}
     for j, p in enumerate(layout.params):
@@ -460,18 +471,19 @@ def bias_detail(ctx: GapContext, sc: BlockScores, controls: np.ndarray, boot_idx
     reference = ob.calibration_cells(cal)
     if reference is None or sc.err_steps.ndim != 3:
         return None
-    edges, real = reference  # real: (m, C)
+    layout, real = reference  # real: (m, Cb) block columns
     ctrl = controls[idx]
-    checked = ob.bias_cells(sc.err_steps[idx], ctrl, edges)  # (k, C)
+    checked = layout.block_columns(sc.err_steps[idx], ctrl, sc.pred_mean[idx])  # (k, Cb)
     twin = None if ctx.twin is None else ctx.twin[idx]
+    groups = ctx.blocks.episode[idx]
     if twin is not None and len(twin) and (twin >= 0).all():  # every block replays a real block's inputs
-        test = ob.paired_bias_test(checked - real[twin], ctx.blocks.episode[idx], level, ctx.rng, boot_idx)
+        test = ob.paired_bias_test(checked, real[twin], groups, level, ctx.rng, boot_idx, layout=layout)
     else:
-        test = ob.bias_test(checked, ctx.blocks.episode[idx], real, cal.real_episode, level, ctx.rng, boot_idx)
-    cells = ob.cell_layout(sc.err_steps.shape[-1], edges)
+        test = ob.bias_test(checked, groups, real, cal.real_episode, level, ctx.rng, boot_idx, layout=layout)
+    cells = layout.cells()
     std, mean = norm.std["obs"].astype(float), norm.mean["obs"].astype(float)
     ch = np.array([c.channel for c in cells])
-    level_phys = ob.predicted_level(sc.pred_mean[idx], ctrl, edges) * std[ch] + mean[ch]
+    level_phys = layout.levels(sc.pred_mean[idx], ctrl) * std[ch] + mean[ch]
     names = list(norm.names["action"]) + list(norm.names["input"])
     cmean = np.concatenate([norm.mean["action"], norm.mean["input"]]).astype(float)
     cstd = np.concatenate([norm.std["action"], norm.std["input"]]).astype(float)

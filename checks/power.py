@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wmcheck.checks.attribution import allowed_corrections, identity_index, search_matrices
-from wmcheck.checks.bias import bias_cells, bias_test, calibration_cells, regime_edges
+from wmcheck.checks.bias import CellLayout, bias_test, calibration_cells, regime_edges
 from wmcheck.checks.blocks import block_controls, make_blocks
 from wmcheck.checks.config import POWER_GAPS, SCORES, CheckConfig, split_alpha
 from wmcheck.checks.evidence import CheckEvidence, GapEvidence
@@ -251,8 +251,9 @@ class _PowerJudge:
         a_gap = split_alpha(alpha)[1]
         self.has_search = search.latency.size > 0
         self.thr_latency, self.thr_gain = None, None
-        reference = calibration_cells(cal)  # the held-out blocks' open-loop bias cells (bias.py)
-        self.real_cells = None if reference is None else reference[1]  # (m, cells)
+        reference = calibration_cells(cal)  # the held-out blocks' open-loop bias columns (bias.py)
+        self.cell_layout = None if reference is None else reference[0]
+        self.real_cells = None if reference is None else reference[1]  # (m, Cb)
         self.a_gap = a_gap
         ref = cal.sysid  # the corrections' score tests (sysid.py): layout and half A's scores, once
         self.fit_layout = None if ref is None else ref.layout
@@ -356,6 +357,7 @@ class _PowerJudge:
                 split_alpha(self.alpha)[1] / 2,
                 self.rng,
                 permutations=POWER_PERMUTATIONS,
+                layout=self.cell_layout,
             )
             dynamics = max(dynamics, bt.evidence)
         return {
@@ -476,7 +478,7 @@ def injected_power(
         PowerEntry({s: getattr(control, s) for s in POWER_SCORES}, allowed_gain=allowed(half_b)),
         blocks.episode[~in_a],
     )
-    edges = regime_edges(block_controls(blocks))
+    cells = CellLayout(norm.mean["obs"].shape[0], regime_edges(block_controls(blocks)), response=True)
     for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
         entries = []
         for size in sizes:
@@ -485,7 +487,7 @@ def injected_power(
             assert np.array_equal(inj_blocks.episode, ps.control_episode), "injection changed the block layout"
             sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed, spread_scale=spread)
             entry = PowerEntry({s: getattr(sc, s) for s in POWER_SCORES})
-            entry.bias_cells = bias_cells(sc.err_steps, block_controls(inj_blocks), edges)
+            entry.bias_cells = cells.block_columns(sc.err_steps, block_controls(inj_blocks), sc.pred_mean)
             if cfg.attribution == "fit" and gap in ("latency", "actuator"):
                 entry.fit_scores = _fit_scores(model, inj, inj_blocks, norm, cfg)
             elif gap == "latency":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,7 @@ class RealityProfile:
     def __post_init__(self):
         if (
             isinstance(self.latency_steps, bool)
-            or not isinstance(self.latency_steps, (int, float))
+            or not isinstance(self.latency_steps, numbers.Real)
             or not math.isfinite(self.latency_steps)
             or self.latency_steps < 0
         ):

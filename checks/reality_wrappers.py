@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import numbers
 from collections import deque
 
 import gymnasium as gym
@@ -77,14 +78,17 @@ class ActionLatency(gym.Wrapper, gym.utils.RecordConstructorArgs):
     A fractional delay k + f (0 < f < 1, Box spaces only) is a delay that is not a whole number of
     control periods, as real transport delays are: the command held over step t is u_{t-k-1} for the
     first fraction f of the period and u_{t-k} for the rest, which the step applies as their
-    time-weighted mean f u_{t-k-1} + (1 - f) u_{t-k} (exact for a system linear in the command
-    over one period; a zero-order hold delayed by (k + f) dt otherwise).
+    time-weighted mean f u_{t-k-1} + (1 - f) u_{t-k}. That mean is exactly the delayed hold only
+    for a step that uses the command's mean over the period (one Euler step, as Pendulum's); a
+    system integrated over sub-steps (HalfCheetah's 5) weights the two parts differently, so there
+    it approximates a delay of (k + f) dt. An actuator gap wrapped around it acts on the mixed
+    command.
     """
 
     def __init__(self, env: gym.Env, steps: float, neutral=None):
         gym.utils.RecordConstructorArgs.__init__(self, steps=steps, neutral=neutral)
         gym.Wrapper.__init__(self, env)
-        if isinstance(steps, bool) or not np.isfinite(float(steps)) or steps < 0:
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Real) or not np.isfinite(steps) or steps < 0:
             raise UserError(f"latency steps must be a number >= 0, got {steps!r}", "e.g. steps=2 or steps=1.5")
         self.whole = int(np.floor(steps))
         self.fraction = float(steps) - self.whole

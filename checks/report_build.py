@@ -335,12 +335,31 @@ def _finite_min(a: np.ndarray) -> float | None:
 
 
 def bias_cells_report(b) -> list[dict]:
-    """The open-loop bias per cell in physical units (gap_tests.BiasDetail): every channel's overall
-    cell and every significant regime cell, strongest first."""
+    """The open-loop bias per cell (gap_tests.BiasDetail): every channel's overall cell and every
+    significant response and regime cell, strongest first. Overall and regime cells in physical
+    units; a response cell is a difference of slopes (bias.response_slopes) and its factor 1 + that
+    difference: how far the checked system follows the model's predicted swings, reality's = 1."""
     t, ci = b.test, b.test.interval()
     out = []
     for c, cell in enumerate(b.cells):
-        if cell.control is not None and not t.significant[c]:
+        kind = getattr(cell, "kind", "overall")
+        if kind != "overall" and not t.significant[c]:
+            continue
+        if kind == "response":
+            d, lo, hi = (float(v) for v in (t.difference[c], ci[c, 0], ci[c, 1]))
+            out.append(
+                {
+                    "channel": b.obs_names[cell.channel],
+                    "kind": "response",
+                    "where": None,
+                    "difference": r4(d),
+                    "ci95": [r4(lo), r4(hi)],
+                    "response_factor": r4(1.0 + d),
+                    "response_factor_ci95": [r4(1.0 + lo), r4(1.0 + hi)],
+                    "t": r4(float(t.t[c])),
+                    "significant": bool(t.significant[c]),
+                }
+            )
             continue
         sd = float(b.obs_std[cell.channel])
         diff, lo, hi = (float(v) * sd for v in (t.difference[c], ci[c, 0], ci[c, 1]))
@@ -359,6 +378,7 @@ def bias_cells_report(b) -> list[dict]:
         out.append(
             {
                 "channel": b.obs_names[cell.channel],
+                "kind": kind,
                 "where": where,
                 "difference": r4(diff),
                 "ci95": [r4(lo), r4(hi)],
@@ -377,11 +397,13 @@ def bias_sentence(b, cells: list[dict], fires: bool) -> str:
     """The open-loop bias in words: where the checked data sit above or below reality."""
     t = b.test
     sig = [c for c in cells if c["significant"]]
+    kinds = [getattr(c, "kind", "overall") for c in b.cells]
+    families = ", ".join(f"{kinds.count(k)} {k}" for k in ("overall", "response", "regime") if kinds.count(k))
     null = {
-        "permutation": f"max |t| over {len(b.cells)} channel x regime cells, null by permuting "
+        "permutation": f"max |t| per family of cells ({families}), min-p over the families, null by permuting "
         f"{t.checked_episodes} checked and {t.real_episodes} real episodes",
-        "sign-flip": f"each block against the real block whose logged inputs it replays; max |t| over "
-        f"{len(b.cells)} channel x regime cells, null by flipping the signs of {t.checked_episodes} episodes",
+        "sign-flip": f"each block against the real block whose logged inputs it replays; max |t| per family "
+        f"of cells ({families}), min-p over the families, null by flipping the signs of {t.checked_episodes} episodes",
     }.get(
         t.null,
         f"{'paired' if t.paired else 'Welch'} t per cell, Bonferroni over {len(b.cells)} cells: "
@@ -393,6 +415,15 @@ def bias_sentence(b, cells: list[dict], fires: bool) -> str:
         return f"open-loop bias: none significant (evidence {t.evidence:.2f}; {null})"
     parts = []
     for c in sig[:4]:
+        if c["kind"] == "response":
+            lo, hi = c["response_factor_ci95"]
+            parts.append(
+                f"{c['channel']} follows the model's predicted swings {c['response_factor']:.2f}x as far as "
+                f"reality does (95 % CI {lo:.2f}-{hi:.2f}x; "
+                + ("a more damped or sluggish system" if c["difference"] < 0 else "a livelier, less damped system")
+                + ")"
+            )
+            continue
         u = _unit(b.units, c["channel"])
         side = "above" if c["difference"] > 0 else "below"
         text = f"{c['channel']} {abs(c['difference']):.3g}{u} {side} reality (95 % CI {c['ci95'][0]:+.3g} to {c['ci95'][1]:+.3g}{u}"

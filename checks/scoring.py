@@ -77,7 +77,11 @@ class BlockScores:
         return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])[inverse] for f in fields(cls)})
 
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
-        return {f"{prefix}{f.name}": getattr(self, f.name) for f in fields(self) if not f.name.startswith("pred_")}
+        """The fields a calibration keeps: all but the predictive quantiles (the predicted mean is the
+        response cells' regressor, bias.py)."""
+        return {
+            f"{prefix}{f.name}": getattr(self, f.name) for f in fields(self) if f.name not in ("pred_lo", "pred_hi")
+        }
 
     @classmethod
     def from_arrays(cls, arrays, prefix: str) -> BlockScores:

@@ -755,5 +755,5 @@ def score_test(
     kw = {} if permutations is None else {"permutations": permutations}
     x = checked[:, cols]
     if twin is not None and len(twin) and (np.asarray(twin) >= 0).all():
-        return ob.paired_bias_test(x - real[np.asarray(twin)][:, cols], groups, level, rng, boot_idx, **kw)
+        return ob.paired_bias_test(x, real[np.asarray(twin)][:, cols], groups, level, rng, boot_idx, **kw)
     return ob.bias_test(x, groups, real[:, cols], real_groups, level, rng, boot_idx, **kw)

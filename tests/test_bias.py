@@ -140,7 +140,7 @@ def test_paired_cells_cancel_what_a_checked_block_shares_with_its_twin():
         rc, cc = bias_cells(real, c, edges), bias_cells(checked, c, edges)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            paired = paired_bias_test(cc - rc, g, 0.05, rng, permutations=499)
+            paired = paired_bias_test(cc, rc, g, 0.05, rng, permutations=499)
             unpaired = bias_test(cc, g, rc, g + 100, 0.05, rng, permutations=499)
         return paired, unpaired
 
@@ -172,3 +172,117 @@ def test_the_vectorised_welch_is_the_scalar_one(n_checked):
     for c in range(4):
         d, s, f = episode_welch(x[:, c], gx, y[:, c], gy)
         assert np.isclose(t[c], d / s) and np.isclose(se[c], s) and np.isclose(df[c], f), (c, t[c], d / s, df[c], f)
+
+
+# ----------------------------------------------------------------------------- response cells, min-p
+def _responding(rng, n_ep: int, slope: float = 0.0, blocks: int = 3, ep_sd: float = 0.5):
+    """Block errors, predictions (n, H, D), episodes and one control: the prediction swings around an
+    episode level; the error is `slope` x the prediction's swing (a damped system: < 0) plus an
+    episode effect and noise, so its mean is the same for any slope."""
+    err, pred, groups, ctrl = [], [], [], []
+    for e in range(n_ep):
+        level, effect = rng.normal(0, 1, D), rng.normal(0, ep_sd, D)
+        for _ in range(blocks):
+            swing = np.sin(np.linspace(0, 3, H)[:, None] + rng.uniform(0, 6, D)) * 1.5  # (H, D)
+            pred.append(level + swing)
+            err.append(effect + slope * swing + rng.normal(0, 1, (H, D)))
+            groups.append(e)
+            ctrl.append(rng.uniform(-1, 1, (H, 1)))
+    return np.array(err), np.array(pred), np.array(groups), np.array(ctrl)
+
+
+def _response_run(rng, n_checked: int, slope: float, level: float = 0.05, n_real: int = 16):
+    from wmcheck.checks.bias import CellLayout
+
+    re_, rp, rg, rc = _responding(rng, n_real)
+    layout = CellLayout(D, regime_edges(rc), response=True)
+    x, p, g, c = _responding(rng, n_checked, slope)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        test = bias_test(
+            layout.block_columns(x, c, p),
+            g,
+            layout.block_columns(re_, rc, rp),
+            rg + 100,
+            level,
+            rng,
+            permutations=499,
+            layout=layout,
+        )
+    return test, layout
+
+
+def test_the_response_slope_is_the_least_squares_slope_of_the_error_on_the_prediction():
+    from wmcheck.checks.bias import episode_cell_means, response_slopes, response_sums
+
+    rng = np.random.default_rng(11)
+    err, pred, g, _ = _responding(rng, 3, slope=-0.3)
+    got = response_slopes(episode_cell_means(response_sums(err, pred), g), D)  # (E, D)
+    for e in range(3):
+        for d in range(D):
+            x, y = pred[g == e][..., d].ravel(), err[g == e][..., d].ravel()
+            assert np.isclose(got[e, d], np.polyfit(x, y, 1)[0], atol=1e-4)
+    assert np.all(np.abs(got + 0.3) < 0.3) and abs(got.mean() + 0.3) < 0.07  # the truth, up to noise (se ~0.08)
+
+
+def test_a_damped_system_is_found_by_its_response_cells_though_its_errors_average_to_zero():
+    """Errors pointing against the predicted swings (slope -0.25) with no mean bias: the overall and
+    regime cells cannot see it; the response cells do, with the sign of a damped system, and the
+    test fires in nearly every check; with the overall and regime families alone it does not."""
+    rng = np.random.default_rng(12)
+    found, without = 0, 0
+    for _ in range(20):
+        test, layout = _response_run(rng, 6, slope=-0.25)
+        fam = layout.families()
+        resp = fam == 1
+        found += test.evidence >= 1
+        assert test.evidence < 1 or test.significant[resp].any()
+        if test.evidence >= 1:
+            d = np.argmax(np.abs(test.t) * resp)
+            assert test.t[d] < 0 and test.difference[d] < 0
+        without += (np.abs(test.t[~resp]) >= test.threshold[~resp]).any()
+    assert found >= 18, found
+    assert without <= 3, without
+
+
+@pytest.mark.parametrize("n_checked", [6, 16])
+def test_the_level_holds_over_the_three_families(n_checked):
+    """Under no gap (both sides slope 0) the min-p over the overall, response and regime families
+    keeps the false-alarm rate at the level."""
+    rng = np.random.default_rng(100 + n_checked)
+    reps, level = 200, 0.1
+    rate = sum(_response_run(rng, n_checked, 0.0, level)[0].evidence >= 1 for _ in range(reps)) / reps
+    sd = (level * (1 - level) / reps) ** 0.5
+    assert level - 4 * sd <= rate <= level + 3 * sd, rate
+
+
+def test_min_p_with_one_family_is_the_max_t_test():
+    """One family: fire iff at most k - 1 of the P null maxima reach the statistic, k = floor(level
+    (P + 1)); the threshold is the (k - 1)-th largest null maximum and p = (1 + #null >= stat) / (P + 1)."""
+    from wmcheck.checks.bias import min_p_thresholds
+
+    rng = np.random.default_rng(13)
+    null = np.abs(rng.normal(size=(999, 7)))
+    stat = np.abs(rng.normal(size=7)) * 1.6
+    thr, p = min_p_thresholds(stat, null, np.zeros(7, int), 0.05)
+    m = np.sort(null.max(1))
+    k = int(np.floor(0.05 * 1000))
+    assert np.allclose(thr, m[999 - k + 1])
+    assert np.isclose(p, (1 + np.sum(m >= stat.max())) / 1000)
+
+
+def test_min_p_keeps_a_small_family_strong_next_to_a_large_one():
+    """A shift in one cell of a 3-cell family next to a 300-cell family: its family threshold is
+    the small family's (lower than one max over all 303 cells), and the family-wise level holds."""
+    from wmcheck.checks.bias import min_p_thresholds
+
+    rng = np.random.default_rng(14)
+    fam = np.r_[np.zeros(3, int), np.ones(300, int)]
+    null = np.abs(rng.normal(size=(1999, 303)))
+    thr, _ = min_p_thresholds(np.zeros(303), null, fam, 0.05)
+    pooled, _ = min_p_thresholds(np.zeros(303), null, np.zeros(303, int), 0.05)
+    assert thr[0] < pooled[0] - 0.5 and thr[5] > thr[0]
+    fires = [
+        (np.abs(s) >= thr).any() for s in rng.normal(size=(2000, 303))
+    ]  # fresh null draws: family-wise rate at most the level (plus sampling error)
+    assert np.mean(fires) <= 0.05 + 3 * (0.05 * 0.95 / 2000) ** 0.5, np.mean(fires)

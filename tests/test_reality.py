@@ -303,6 +303,13 @@ def test_profile_json_round_trip_and_validation():
     ):
         with pytest.raises(UserError):
             RealityProfile(**bad)
+    p = RealityProfile(latency_steps=np.int64(2))  # a numpy number from a config array is a number
+    assert p.latency_steps == 2 and type(p.latency_steps) is int
+    from wmcheck.checks.reality_wrappers import ActionLatency
+
+    for bad in ("2", "two", -0.5):
+        with pytest.raises(UserError, match="latency steps"):
+            ActionLatency(gym.make("Pendulum-v1"), bad)
 
 
 def test_single_gap_profiles_have_exactly_one_gap():
