@@ -164,7 +164,7 @@ def table(system: str, s: dict) -> str:
         f"## {system}",
         "",
         "| truth | grid? | n | fit: found / estimated, estimates | fit MAE | grid: found / estimated, estimates "
-        "| grid MAE | paired MAE grid / fit |",
+        "| grid MAE | paired MAE fit / grid |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for t in s["truths"]:
