@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 import sys
 import time
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from wmcheck.checks.calibration import calibrate
+from wmcheck.checks.calibration import CALIBRATION_VERSION, calibrate
 from wmcheck.checks.check import run_check
 from wmcheck.checks.reality import RealityProfile
 from wmcheck.datasets.logformat import open_log
@@ -66,6 +67,8 @@ def prepare(spec, work: Path, reuse: bool) -> dict[str, Path]:
     work.mkdir(parents=True, exist_ok=True)
     log, base = work / "real.h5", work / "run"
     reality = RealityProfile(**spec.reality, seed=0)
+    if not reuse:  # checked logs are named by truth and seed only: a new run records them afresh
+        shutil.rmtree(work / "checked", ignore_errors=True)
     if not (reuse and (base / "model.pt").exists() and log.exists()):
         shutil.rmtree(base, ignore_errors=True)
         print(f"[{spec.name}] recording {spec.episodes} real episodes with {reality.describe()}", flush=True)
@@ -75,13 +78,19 @@ def prepare(spec, work: Path, reuse: bool) -> dict[str, Path]:
     runs = {}
     for mode in MODES:
         runs[mode] = work / f"run-{mode}"
-        if reuse and (runs[mode] / "calibration.json").exists():
+        if reuse and current_calibration(runs[mode]):
             continue
         shutil.rmtree(runs[mode], ignore_errors=True)
         shutil.copytree(base, runs[mode], ignore=shutil.ignore_patterns("calibration*", "power_cache*"))
         print(f"[{spec.name}] calibrating ({mode})", flush=True)
         calibrate(runs[mode], log, dataclasses.replace(CHECK_CONFIG, attribution=mode), verbose=False)
     return runs
+
+
+def current_calibration(run: Path) -> bool:
+    """The run has a calibration of this code's format (an older one is redone, not reused)."""
+    path = run / "calibration.json"
+    return path.exists() and json.loads(path.read_text()).get("calibration_version") == CALIBRATION_VERSION
 
 
 def obs_std(run: Path) -> np.ndarray:
