@@ -78,8 +78,10 @@ Top gap
       Otherwise it is why the run is unverifiable, not a finding: on the detection benchmark such
       rows named sensor_noise and actuator for faithful simulators. A row whose finding another gap
       type produces as well (`GapEvidence.confounded_with`: a fitted delay that rounds to zero steps
-      is a filter of the commands, as a slower response is; gap_tests.sub_step) is not named: the
-      top gap is none, with the row and its look-alikes listed as confounded;
+      is a filter of the commands, as a slower response is; gap_tests.sub_step) is not named: when
+      a look-alike fires too (the dynamics row, tested with the delay corrected, so on what the
+      delay does not explain), the top gap is chosen among the other rows; else it is none, with
+      the row and its look-alikes listed as confounded;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -273,7 +275,10 @@ def top_gap(
     from wmcheck.checks.attribution import separate_top
 
     firing = [g for g in DYNAMICS_GAPS if gaps[g] in ("present", "tolerated") and g not in not_causes]
-    top, confounded = separate_top({g: ev.gaps[g].boot for g in firing}, firing)
+    # T1: a row whose look-alike fires as well, on data with the row's correction applied, is not a
+    # candidate: the look-alike produces the row's finding, and it has evidence the row's does not explain
+    candidates = [g for g in firing if not set(ev.gaps[g].confounded_with) & set(firing)] or firing
+    top, confounded = separate_top({g: ev.gaps[g].boot for g in candidates}, candidates)
     alike = ev.gaps[top].confounded_with if top in ev.gaps else ()
     if alike:  # T1: a finding another gap type produces as well is listed with it, not named alone
         top, confounded = "none", list(dict.fromkeys([top, *alike]))

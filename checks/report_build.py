@@ -157,7 +157,8 @@ def _sub_step_words(g: GapEvidence, steps: float | None) -> str:
         f"; the fitted delay ({steps:+.2f} steps) rounds to zero steps: a fraction of a step mixes each command "
         "with its neighbour, a filter of the commands that a slower response (damping, inertia, actuator "
         f"bandwidth) gives as well, so the difference is listed with {', '.join(g.confounded_with)} rather than "
-        "named latency, and the residual and bias tests judge the data without it"
+        "named latency; the residual and bias tests judge the data with the delay corrected, so the dynamics row "
+        "fires only on what the delay does not explain"
     )
 
 
