@@ -185,6 +185,23 @@ def test_latency_fit_reports_an_interval_that_covers_the_truth(latency_report):
     assert "Welch t" in row["explanation"] and "joint fit" in row["explanation"], row["explanation"]
 
 
+def test_a_sub_step_delay_is_corrected_before_the_dynamics_row(pendulum):
+    """A true extra delay of 0.4 steps (exact on Pendulum's one Euler step per command): the fit
+    finds a delay under half a step, which is applied before the residual and bias tests, so the
+    dynamics row judges only what the delay leaves and stays absent; the latency finding is listed
+    with dynamics (a slower response gives a fraction of a step too), not named."""
+    run, meta, tmp = pendulum
+    report = run_check(run, _sim(tmp, meta, "latency04", RealityProfile(latency_steps=0.4)))
+    lat = report["gaps"]["latency"]
+    assert report["verdict"] == "fail" and lat["verdict"] == "present", report["gaps"]
+    assert -0.5 < lat["estimate"]["steps"] < -0.2, lat["estimate"]
+    applied = report["gaps"]["dynamics"]["estimate"]["after_corrections"]
+    assert any(a.startswith("delay ") for a in applied), applied
+    assert report["gaps"]["dynamics"]["verdict"] == "absent", report["gaps"]["dynamics"]
+    assert report["summary"]["top_gap"] == "none", report["summary"]
+    assert {"latency", "dynamics"} <= set(report["summary"]["confounded"]), report["summary"]
+
+
 def test_grid_attribution_fallback_still_finds_the_latency(pendulum, latency_report, light_config, tmp_path):
     """`attribution: grid` (one release): the same model calibrated for the former grid searches."""
     from dataclasses import replace
