@@ -62,6 +62,35 @@ TRUTHS = (  # (gap, size, on the grid?): latency + size steps, actuator gain 1 /
 )
 
 
+@dataclasses.dataclass
+class Attempt:
+    """One attribution's check of one checked simulator."""
+
+    verdict: str  # the run's verdict
+    row: str  # the gap row's verdict
+    found: bool  # the row is present or tolerated
+    estimate: float | None  # only where the row is found (the grid reports its best point either way)
+    truth: float  # latency: -size steps (the fit's sign); actuator: gain 1 / size
+    abs_error: float | None
+    seconds: float  # the whole check
+
+
+@dataclasses.dataclass
+class TruthCheck:
+    """One checked simulator (one truth, one seed), checked by both attributions."""
+
+    gap: str
+    size: float
+    on_grid: bool
+    seed: int
+    steps: int
+    fit: Attempt
+    grid: Attempt
+
+    def by(self, mode: str) -> Attempt:
+        return getattr(self, mode)
+
+
 def prepare(spec, work: Path, reuse: bool) -> dict[str, Path]:
     """Record the real logs, train once, calibrate a copy of the run per attribution."""
     work.mkdir(parents=True, exist_ok=True)
@@ -97,7 +126,7 @@ def obs_std(run: Path) -> np.ndarray:
     return np.asarray(Normalizer.from_dict(load_model(run).normalizer).std["obs"], float)
 
 
-def check_truth(spec, runs: dict[str, Path], work: Path, gap: str, size: float, on_grid: bool, seed: int) -> dict:
+def check_truth(spec, runs: dict[str, Path], work: Path, gap: str, size: float, on_grid: bool, seed: int) -> TruthCheck:
     reality = RealityProfile(**spec.reality, seed=0)
     sim = dataclasses.replace(variant(reality, gap, size, obs_std(runs["fit"]), spec.dynamics_param), seed=seed)
     path = work / "checked" / f"{gap}-{size:.4g}-s{seed}.h5"
@@ -106,57 +135,56 @@ def check_truth(spec, runs: dict[str, Path], work: Path, gap: str, size: float, 
         record(spec.env_id, sim, spec.policy, spec.check_episodes, spec.max_steps, 10_000 + seed, path, "sim")
     with open_log(path) as f:
         steps = int(sum(len(e.actions) for e in f.episodes()))
-    row = {"gap": gap, "size": size, "on_grid": on_grid, "seed": seed, "steps": steps}
+    attempts = {}
     for mode, run in runs.items():
         t0 = time.perf_counter()
         rep = run_check(run, path, seed=seed)
         g = rep["gaps"][gap]
         found = g["verdict"] in ("present", "tolerated")
         err = estimate_error(gap, size, g.get("estimate")) or {}
-        row[mode] = {
-            "verdict": rep["verdict"],
-            "row": g["verdict"],
-            "found": found,
-            # an estimate counts only where its row is found (the grid reports its best point either way)
-            "estimate": err.get("estimate") if found else None,
-            "truth": -float(size) if gap == "latency" else 1.0 / size,
-            "abs_error": err.get("abs_error") if found else None,
-            "seconds": round(time.perf_counter() - t0, 2),
-        }
-    return row
+        attempts[mode] = Attempt(
+            verdict=rep["verdict"],
+            row=g["verdict"],
+            found=found,
+            estimate=err.get("estimate") if found else None,
+            truth=-float(size) if gap == "latency" else 1.0 / size,
+            abs_error=err.get("abs_error") if found else None,
+            seconds=round(time.perf_counter() - t0, 2),
+        )
+    return TruthCheck(gap, size, on_grid, seed, steps, attempts["fit"], attempts["grid"])
 
 
-def summarise(rows: list[dict]) -> dict:
+def summarise(rows: list[TruthCheck]) -> dict:
     """Per truth and over the on- / off-grid sets: found counts and mean absolute errors per mode.
     The errors are over the checks where both attributions estimate (a paired comparison), and
     separately over every check where each one does."""
     out: dict = {"truths": [], "sets": {}}
-    keys = sorted({(r["gap"], r["size"], r["on_grid"]) for r in rows}, key=lambda k: (k[0], not k[2], k[1]))
+    keys = sorted({(r.gap, r.size, r.on_grid) for r in rows}, key=lambda k: (k[0], not k[2], k[1]))
     for gap, size, on in keys:
-        rs = [r for r in rows if (r["gap"], r["size"]) == (gap, size)]
+        rs = [r for r in rows if (r.gap, r.size) == (gap, size)]
         out["truths"].append({"gap": gap, "size": size, "on_grid": on, "n": len(rs), **_errors(rs)})
     for gap in ("latency", "actuator"):
         for on in (True, False):
-            rs = [r for r in rows if r["gap"] == gap and r["on_grid"] == on]
+            rs = [r for r in rows if r.gap == gap and r.on_grid == on]
             if rs:
                 out["sets"][f"{gap} {'on' if on else 'off'} the grid"] = {"n": len(rs), **_errors(rs)}
-    secs = {m: float(np.median([r[m]["seconds"] for r in rows])) for m in MODES if rows}
+    secs = {m: float(np.median([r.by(m).seconds for r in rows])) for m in MODES if rows}
     out["median_check_seconds"] = secs
     return out
 
 
-def _errors(rs: list[dict]) -> dict:
-    both = [r for r in rs if all(r[m]["abs_error"] is not None for m in MODES)]
+def _errors(rs: list[TruthCheck]) -> dict:
+    both = [r for r in rs if all(r.by(m).abs_error is not None for m in MODES)]
     res = {}
     for m in MODES:
-        own = [r[m]["abs_error"] for r in rs if r[m]["abs_error"] is not None]
+        own = [r.by(m).abs_error for r in rs if r.by(m).abs_error is not None]
         res[m] = {
-            "found": sum(r[m]["found"] for r in rs),
+            "found": sum(r.by(m).found for r in rs),
             "estimated": len(own),
             "mae": float(np.mean(own)) if own else None,
-            "mae_paired": float(np.mean([r[m]["abs_error"] for r in both])) if both else None,
-            "estimates": [r[m]["estimate"] for r in rs],
-            "truth": rs[0][m]["truth"],
+            "mae_paired": float(np.mean([r.by(m).abs_error for r in both])) if both else None,
+            "estimates": [r.by(m).estimate for r in rs],
+            "truth": rs[0].by(m).truth,
         }
     res["paired"] = len(both)
     f, g = res["fit"]["mae_paired"], res["grid"]["mae_paired"]
@@ -242,12 +270,13 @@ def main(argv=None) -> int:
                 print(
                     f"[{name}] {gap} {size:.4g} seed {seed}: "
                     + "; ".join(
-                        f"{m} {r[m]['row']} est {_f(r[m]['estimate'])} ({r[m]['seconds']:.0f} s)" for m in MODES
+                        f"{m} {r.by(m).row} est {_f(r.by(m).estimate)} ({r.by(m).seconds:.0f} s)" for m in MODES
                     ),
                     flush=True,
                 )
-        results[name] = {"rows": rows, "summary": summarise(rows)}
-        md.append(table(name, results[name]["summary"]))
+        summary = summarise(rows)
+        results[name] = {"rows": [dataclasses.asdict(r) for r in rows], "summary": summary}
+        md.append(table(name, summary))
     text = "\n".join(md)
     print(text)
     payload = {"benchmark": "estimates", "machine": finish(info, started), "quick": args.quick, "systems": results}

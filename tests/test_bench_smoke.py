@@ -384,17 +384,19 @@ def test_bench_estimates_pairs_the_errors_and_counts_only_found_rows():
 
     def row(gap, size, on, fit, grid):
         truth = -size if gap == "latency" else 1 / size
-        r = {"gap": gap, "size": size, "on_grid": on, "seed": 0, "steps": 1600}
-        for m, est in (("fit", fit), ("grid", grid)):
-            r[m] = {
-                "found": est is not None,
-                "row": "present" if est is not None else "absent",
-                "estimate": est,
-                "truth": truth,
-                "abs_error": None if est is None else abs(est - truth),
-                "seconds": 2.0 if m == "fit" else 6.0,
-            }
-        return r
+
+        def attempt(est, seconds):
+            return be.Attempt(
+                verdict="fail",
+                row="present" if est is not None else "absent",
+                found=est is not None,
+                estimate=est,
+                truth=truth,
+                abs_error=None if est is None else abs(est - truth),
+                seconds=seconds,
+            )
+
+        return be.TruthCheck(gap, size, on, 0, 1600, attempt(fit, 2.0), attempt(grid, 6.0))
 
     rows = [
         row("latency", 1.5, False, -1.45, -1.0),  # errors 0.05 and 0.5
@@ -413,3 +415,28 @@ def test_bench_estimates_pairs_the_errors_and_counts_only_found_rows():
     assert s["median_check_seconds"] == {"fit": 2.0, "grid": 6.0}
     md = be.table("pendulum", s)
     assert "| latency off the grid | 3 |" in md and "grid / fit 3.00x" in md
+
+
+def test_bench_estimates_quick(tmp_path):
+    """bench_estimates end to end on a tiny budget: both attributions check each truth, every row's
+    estimate is counted only where its row is found, and the summary's pairing matches the rows."""
+    _run("bench_estimates.py", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "bench_estimates.json").read_text())
+    assert data["benchmark"] == "estimates" and data["quick"] is True
+    rows = data["systems"]["pendulum"]["rows"]
+    assert [(r["gap"], r["on_grid"]) for r in rows] == [("latency", False), ("actuator", False)]
+    for r in rows:
+        for m in ("fit", "grid"):
+            a = r[m]
+            assert a["verdict"] in ("pass", "fail", "unverifiable", "inconclusive")
+            assert a["found"] == (a["row"] in ("present", "tolerated"))
+            assert (a["estimate"] is None) == (a["abs_error"] is None)
+            if a["estimate"] is not None:
+                assert a["found"] and abs(abs(a["estimate"] - a["truth"]) - a["abs_error"]) < 1e-9
+            assert a["seconds"] > 0
+    summary = data["systems"]["pendulum"]["summary"]
+    for t in summary["truths"]:
+        paired = sum(all(r[m]["abs_error"] is not None for m in ("fit", "grid")) for r in rows if r["gap"] == t["gap"])
+        assert t["paired"] == paired and t["n"] == 1
+    md = (tmp_path / "bench_estimates.md").read_text()
+    assert "## pendulum" in md and "Median check time: fit" in md
