@@ -131,9 +131,13 @@ def compare_bias(report: dict, sim_eps, real_eps, names: dict[str, int]) -> dict
     against the measured twin truth in the same cell."""
     est = (report["gaps"].get("dynamics") or {}).get("estimate") or {}
     cells = (est.get("bias") or {}).get("cells") or []
-    rows = []
+    rows, response = [], []
     for c in cells:
         w = c["where"]
+        if c.get("kind") == "response":  # a slope factor, not a level: no twin mean to compare with
+            if c["channel"] == "P_avg":
+                response.append({"factor": c["response_factor"], "ci": c["response_factor_ci95"]})
+            continue
         if c["channel"] != "P_avg" or (w is not None and (w["control"] != "Ws_avg" or not c["significant"])):
             continue
         lo, hi = (None, None) if w is None else w["range"]
@@ -154,6 +158,7 @@ def compare_bias(report: dict, sim_eps, real_eps, names: dict[str, int]) -> dict
     regimes = [r for r in rows if r["range"] is not None]
     return {
         "cells": rows,
+        "response": response,
         "paired": (est.get("bias") or {}).get("paired"),
         "significant_regime_cells": len(regimes),
         "coverage_significant": (sum(r["covered"] for r in regimes) / len(regimes)) if regimes else None,
@@ -350,6 +355,12 @@ def markdown(res: dict, info: dict) -> str:
                     f"{'yes' if b['covered'] else 'no'} |"
                 )
             lines.append("")
+        for r in bias.get("response") or []:
+            lines += [
+                f"Response cell of P_avg: follows the model's predicted swings {r['factor']:.2f}x as far as reality "
+                f"does [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] (no twin truth to compare with).",
+                "",
+            ]
     lines += ["## Unit to unit (other turbines' real weeks against this model)", ""]
     for t, u in res["unit_to_unit"].items():
         lines.append(

@@ -440,3 +440,33 @@ def test_bench_estimates_quick(tmp_path):
         assert t["paired"] == paired and t["n"] == 1
     md = (tmp_path / "bench_estimates.md").read_text()
     assert "## pendulum" in md and "Median check time: fit" in md
+
+
+def test_bench_twins_compare_bias_keeps_response_cells_apart():
+    """A response cell (a slope factor, no level) is listed apart from the level cells and never
+    compared with a twin mean; the level cells' coverage counts significant regime cells only."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_twins as bt
+    finally:
+        sys.path.pop(0)
+    from wmcheck.datasets.episode import Episode
+
+    names = {"Ws_avg": 0, "Va_avg": 1, "Ot_avg": 2}
+    v = np.linspace(0, 12, 200)
+    inputs = np.stack([v, np.zeros(200), np.full(200, 15.0)], 1).astype(np.float32)
+    real = [
+        Episode(np.zeros((201, 1), np.float32), np.zeros((200, 2), np.float32), inputs=inputs, id=i) for i in range(3)
+    ]
+    sim = [dataclasses.replace(e, observations=e.observations + 50.0) for e in real]
+    level = {"channel": "P_avg", "kind": "overall", "where": None, "difference": 49.0, "ci95": [45.0, 55.0]}
+    level.update(relative=0.1, significant=True)
+    regime = dict(level, kind="regime", where={"control": "Ws_avg", "range": [0.0, 6.0]}, ci95=[10.0, 20.0])
+    response = {"channel": "P_avg", "kind": "response", "where": None, "difference": -0.2, "ci95": [-0.3, -0.1]}
+    response.update(response_factor=0.8, response_factor_ci95=[0.7, 0.9], significant=True)
+    report = {"gaps": {"dynamics": {"estimate": {"bias": {"cells": [level, response, regime], "paired": True}}}}}
+    out = bt.compare_bias(report, sim, real, names)
+    assert [c["range"] for c in out["cells"]] == [None, [0.0, 6.0]]
+    assert out["cells"][0]["covered"] and not out["cells"][1]["covered"]  # truth +50 is outside [10, 20]
+    assert out["significant_regime_cells"] == 1 and out["coverage_significant"] == 0.0
+    assert out["response"] == [{"factor": 0.8, "ci": [0.7, 0.9]}]
