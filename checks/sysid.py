@@ -43,7 +43,10 @@ HalfCheetah with every gain at 0.5, fitting the 2 significant channels gave 0.64
 all 6 gave 0.51-0.60 and a far lower J) are then fitted jointly, since a delay and a weak gain
 mimic each other: L-BFGS on the blocks' mean J plus a weak ridge toward the identity, projected onto the box
 the model can judge (`bounds`: corrections that move no more commands outside the training logs'
-range than the identity does, or competence_alpha of them; attribution.allowed_corrections' rule).
+range than the identity does, or competence_alpha of them; attribution.allowed_corrections' rule),
+until an iteration changes J by less than a hundredth of J's standard error over the episodes.
+A parameter whose box does not reach the smallest correction the configuration asks about is not
+fitted (`judged`; an offset on commands that span the logs' whole range).
 The estimate is relative to the same fit on the held-out real blocks (calibration: the model's own
 preference, e.g. a curve that bottoms out at -0.3 steps, cancels). Interval: the cluster-robust
 sandwich H^-1 S H^-1 over episodes (H by forward differences of the mean gradient, S from the
@@ -81,9 +84,15 @@ RIDGE = 1e-3  # nats per squared parameter unit: a weak prior toward the identit
 FD_STEP = 0.02  # forward-difference step of the Hessian, parameter units
 CONFOUNDED = 0.7  # |correlation| of two estimates above which the report calls them confounded
 GUARD_POINTS = 33  # candidate values per parameter when the box the model can judge is found
-MAX_EVALS = 30  # objective evaluations of one fit (a cap; TOL_* usually stop it first)
-TOL_CHANGE = 1e-5  # nats per step and channel: a smaller change of J or of a parameter ends the fit
+MAX_EVALS = 30  # objective evaluations of one fit (a cap; the tolerances usually stop it first)
+TOL_SE = 1e-2  # an iteration that changes J (or any parameter) by less than this share of J's own
+# standard error over the episodes ends the fit: such a change is far below what the data can tell
 TOL_GRAD = 1e-4  # largest |gradient| (nats per parameter unit) at which the fit is converged
+STALE_EVALS = 3  # evaluations in a row without a gain of that size end the fit (the best one is kept)
+
+
+class _Converged(Exception):
+    """Raised from the L-BFGS closure to end a fit that no longer improves."""
 
 
 @dataclass(frozen=True)
@@ -342,49 +351,92 @@ class Evaluation:
         return cls(np.concatenate([p.J for p in parts])[inverse], np.concatenate([p.grad for p in parts])[inverse])
 
 
+ROWS_PER_PASS = 64  # block copies in one batched pass when several thetas are evaluated at once
+# (the evaluations' own chunk: a size1m model is compute-bound on a CPU at 48 rows, and 500-row
+# passes were slower per row; small models gain from filling a pass)
+
+
+def _repeat(x: torch.Tensor, m: int) -> torch.Tensor:
+    """(n, ...) -> (m n, ...): m copies along the batch axis, copy i at rows i n .. (i + 1) n - 1."""
+    return x if m == 1 else x.repeat(m, *([1] * (x.dim() - 1)))
+
+
+def _passes(
+    model, data: FitData, thetas: np.ndarray, layout: Layout, context: int, horizon: int, grad: bool, chunk: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """J (m, n) at every theta of thetas (m, p) for every block and, with `grad`, its gradient
+    (m, n, p) from one backward pass. The m thetas go through the model together (each block
+    repeated m times, at most ROWS_PER_PASS rows a pass): a pass over a few blocks is dominated
+    by per-step overhead on a CPU, so m thetas together cost far less than m passes. One model
+    (FoldModels are split by the callers)."""
+    m, p = thetas.shape
+    n = len(data)
+    J = np.zeros((m, n))
+    G = np.zeros((m, n, p)) if grad else None
+    per = max(1, min(chunk, ROWS_PER_PASS // m))
+    with _frozen(model), torch.enable_grad() if grad else torch.no_grad():
+        for sl, batch, drv, tok in data.chunks(per, model):
+            nb = drv.shape[0]
+            rows = torch.as_tensor(thetas, dtype=torch.float32).repeat_interleave(nb, 0)  # (m nb, p)
+            if grad:
+                rows.requires_grad_(True)
+            pa, pi = corrected_controls(_repeat(drv, m), rows, layout, data.act_mean, data.act_std)
+            copies = batch if m == 1 else batch.map(lambda x: _repeat(x, m))
+            Jc = objective(model, copies, pa, pi, context, horizon, None if tok is None else _repeat(tok, m))
+            J[:, sl] = Jc.detach().double().numpy().reshape(m, nb)
+            if grad:
+                (g,) = torch.autograd.grad(Jc.sum(), rows)
+                G[:, sl] = g.double().numpy().reshape(m, nb, p)
+    return J, G
+
+
+def evaluate_many(
+    model, data: FitData, thetas: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
+) -> list[Evaluation]:
+    """J and its gradient per block at each theta of thetas (m, p), in batched passes (`_passes`;
+    with FoldModels, every block through its fold's model)."""
+    thetas = np.atleast_2d(np.asarray(thetas, float))
+    if isinstance(model, FoldModels):
+        parts = per_fold(
+            model,
+            data,
+            lambda mk, d, k: evaluate_many(mk, d, thetas, layout, context, horizon, chunk),
+            lambda parts, order: [Evaluation.merged([p[i] for p in parts], order) for i in range(len(thetas))],
+        )
+        return parts
+    J, G = _passes(model, data, thetas, layout, context, horizon, True, chunk)
+    return [Evaluation(J[i], G[i]) for i in range(len(thetas))]
+
+
 def evaluate(
     model, data: FitData, theta: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
 ) -> Evaluation:
-    """J and its gradient per block at theta (p,): one forward and one backward pass (with
-    FoldModels, every block through its fold's model)."""
+    """J and its gradient per block at theta (p,): one forward and one backward pass."""
+    return evaluate_many(model, data, np.asarray(theta, float)[None], layout, context, horizon, chunk)[0]
+
+
+def objective_many(
+    model, data: FitData, thetas: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
+) -> np.ndarray:
+    """Mean J over the blocks at each theta of thetas (m, p), forward passes only (the delay's scan)."""
+    thetas = np.atleast_2d(np.asarray(thetas, float))
     if isinstance(model, FoldModels):
-        return per_fold(
+        parts = per_fold(
             model,
             data,
-            lambda m, d, k: evaluate(m, d, theta, layout, context, horizon, chunk),
-            Evaluation.merged,
+            lambda mk, d, k: (objective_many(mk, d, thetas, layout, context, horizon, chunk), len(d)),
+            lambda parts, order: parts,
         )
-    Js, Gs = [], []
-    with _frozen(model), torch.enable_grad():
-        for _, batch, drv, tok in data.chunks(chunk, model):
-            rows = torch.as_tensor(theta, dtype=torch.float32).expand(drv.shape[0], -1).clone().requires_grad_(True)
-            pa, pi = corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
-            J = objective(model, batch, pa, pi, context, horizon, tok)
-            (g,) = torch.autograd.grad(J.sum(), rows)
-            Js.append(J.detach().double().numpy())
-            Gs.append(g.double().numpy())
-    return Evaluation(np.concatenate(Js), np.concatenate(Gs))
+        return sum(j * n for j, n in parts) / sum(n for _, n in parts)
+    J, _ = _passes(model, data, thetas, layout, context, horizon, False, chunk)
+    return J.mean(1)
 
 
 def objective_only(
     model, data: FitData, theta: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
 ) -> float:
-    """Mean J at theta, forward passes only (the delay's starting scan)."""
-    if isinstance(model, FoldModels):
-        parts = per_fold(
-            model,
-            data,
-            lambda m, d, k: (objective_only(m, d, theta, layout, context, horizon, chunk), len(d)),
-            lambda parts, order: parts,
-        )
-        return float(sum(j * n for j, n in parts) / sum(n for _, n in parts))
-    Js = []
-    with _frozen(model), torch.no_grad():
-        for _, batch, drv, tok in data.chunks(chunk, model):
-            rows = torch.as_tensor(theta, dtype=torch.float32).expand(drv.shape[0], -1)
-            pa, pi = corrected_controls(drv, rows, layout, data.act_mean, data.act_std)
-            Js.append(objective(model, batch, pa, pi, context, horizon, tok).double().numpy())
-    return float(np.concatenate(Js).mean())
+    """Mean J at theta, forward passes only."""
+    return float(objective_many(model, data, np.asarray(theta, float)[None], layout, context, horizon, chunk)[0])
 
 
 def corrected_blocks(data: FitData, theta: np.ndarray, layout: Layout) -> Blocks:
@@ -460,7 +512,9 @@ def fit(
     there). J is not convex in the delay over several steps (one step of shift can be a local
     minimum when the true delay is two), so a free delay starts at the best integer shift of a scan
     (forward passes only) and is refined from there with the rest; `start` (p,) replaces the scan
-    (a fit that continues from an earlier one)."""
+    (a fit that continues from an earlier one). It ends when an iteration, or STALE_EVALS
+    evaluations in a row, gain less than TOL_SE of J's standard error, and returns the best
+    point it evaluated."""
     free = np.asarray(free, int)
     p = len(layout)
     cache: dict[bytes, Evaluation] = {}
@@ -482,18 +536,19 @@ def fit(
     i_d = layout.index("delay")
     scans = 0
     if start is None and i_d is not None and i_d in free:
-        best, best_J = 0, float(ev(np.zeros(p)).J.mean()) if at_identity is not None else None
-        for d in range(-layout.max_delay, layout.max_delay + 1):
-            if d == 0 and best_J is not None:
-                continue
-            th = np.zeros(p)
-            th[i_d] = d
-            J = objective_only(model, data, th, layout, context, horizon)
-            scans += 1
-            if best_J is None or J < best_J:
-                best, best_J = d, J
-        x0[list(free).index(i_d)] = best
+        shifts = np.arange(-layout.max_delay, layout.max_delay + 1)
+        if at_identity is not None:  # its J is known: scan the others, the identity first among equals
+            shifts = shifts[shifts != 0]
+        th = np.zeros((len(shifts), p))
+        th[:, i_d] = shifts
+        Js = objective_many(model, data, th, layout, context, horizon)  # (shifts,) in batched passes
+        scans = len(shifts)
+        if at_identity is not None:
+            shifts, Js = np.append(0, shifts), np.append(at_identity.J.mean(), Js)
+        x0[list(free).index(i_d)] = shifts[int(np.argmin(Js))]
     x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
+    base = at_identity if at_identity is not None else ev(full(x0))
+    tol = TOL_SE * mean_se(base.J, data.blocks.episode)
     opt = torch.optim.LBFGS(
         [x],
         lr=1.0,
@@ -502,8 +557,10 @@ def fit(
         history_size=10,
         line_search_fn="strong_wolfe",
         tolerance_grad=TOL_GRAD,
-        tolerance_change=TOL_CHANGE,
+        tolerance_change=tol,
     )
+
+    track = {"best": np.inf, "theta": full(x0), "ref": np.inf, "stale": 0}
 
     def closure():
         xv = x.detach().numpy()
@@ -513,17 +570,54 @@ def fit(
         # projected gradient: no push past a bound
         g = np.where(((theta[free] >= hi[free]) & (g < 0)) | ((theta[free] <= lo[free]) & (g > 0)), 0.0, g)
         x.grad = torch.from_numpy(g)
-        return torch.tensor(float(e.J.mean() + 0.5 * RIDGE * np.sum(theta[free] ** 2)), dtype=torch.float64)
+        obj = float(e.J.mean() + 0.5 * RIDGE * np.sum(theta[free] ** 2))
+        if obj < track["best"]:
+            track["best"], track["theta"] = obj, theta
+        # the strong-Wolfe search can probe the same corner of the box for many evaluations: stop
+        # when STALE_EVALS evaluations in a row improve on the last real gain by less than tol
+        if obj < track["ref"] - tol:
+            track["ref"], track["stale"] = obj, 0
+        else:
+            track["stale"] += 1
+            if track["stale"] >= STALE_EVALS:
+                raise _Converged
+        return torch.tensor(obj, dtype=torch.float64)
 
     if len(free):
-        opt.step(closure)
-    theta = full(x.detach().numpy())
+        with contextlib.suppress(_Converged):
+            opt.step(closure)
+    theta = track["theta"] if len(free) else full(x.detach().numpy())
     at_fit = ev(theta)
     J0 = float(ev(np.zeros(p)).J.mean())
     tol = 1e-9
     at_bound = (theta[free] <= lo[free] + tol) & (lo[free] < -tol) | (theta[free] >= hi[free] - tol) & (hi[free] > tol)
     at_bound |= (lo[free] == 0) & (hi[free] == 0)
     return Fit(theta, free, J0, float(at_fit.J.mean()), at_fit, len(cache) + scans, at_bound)
+
+
+def mean_se(J: np.ndarray, groups: np.ndarray) -> float:
+    """Standard error of the blocks' mean J (n,) with episodes as the clusters, floored at 1e-4 nats
+    (so one episode, or identical blocks, still give the fit a tolerance)."""
+    return float(max(np.sqrt(cluster_score_cov(np.asarray(J, float)[:, None], groups)[0, 0]), 1e-4))
+
+
+def judged(lo: np.ndarray, hi: np.ndarray, layout: Layout, cfg) -> np.ndarray:
+    """(p,) bool: the parameters a fit moves. The delay always; a command parameter when the box the
+    model can judge (`bounds`) reaches, on one side at least, the smallest correction of its kind
+    that the configuration asks about (the grids' smallest non-identity step: a gain of 0.9 or 1.12,
+    an offset or deadband of 0.1 std). Commands that span the training logs' whole range leave an
+    offset a box of a few hundredths: nothing of interest can be judged there, the grid searches
+    test no candidate there either, and fitting it only costs evaluations."""
+    steps = {
+        "gain": float(np.min(np.abs(np.log([g for g in cfg.gain_grid if g != 1.0])))),
+        "offset": float(np.min(np.abs([o for o in cfg.offset_grid if o != 0.0]))),
+        "deadband": float(np.min(np.abs([w for w in cfg.deadband_grid if w != 0.0]))),
+    }
+    out = np.ones(len(layout), bool)
+    for j, prm in enumerate(layout.params):
+        if prm.kind != "delay":
+            out[j] = max(-lo[j], hi[j]) >= steps[prm.kind] - 1e-9
+    return out
 
 
 def cluster_score_cov(grad: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -541,16 +635,22 @@ def hessian(
     model, data: FitData, layout: Layout, f: Fit, lo, hi, context: int, horizon: int
 ) -> tuple[np.ndarray, bool]:
     """(k, k) Hessian of the mean J at the fit over its free parameters, by forward differences of
-    the mean gradient (k evaluations), symmetrised, plus the ridge; and whether it is positive
+    the mean gradient (k + 1 evaluations in batched passes), symmetrised, plus the ridge; and whether it is positive
     definite (a minimum; otherwise its eigenvalues are floored, and the interval is approximate)."""
     k = len(f.free)
-    g0 = f.at_fit.grad.mean(0)[f.free]
-    H = np.zeros((k, k))
-    for col, j in enumerate(f.free):
-        step = FD_STEP if f.theta[j] + FD_STEP <= hi[j] else -FD_STEP
-        th = f.theta.copy()
-        th[j] += step
-        H[:, col] = (evaluate(model, data, th, layout, context, horizon).grad.mean(0)[f.free] - g0) / step
+    steps = np.array([FD_STEP if f.theta[j] + FD_STEP <= hi[j] else -FD_STEP for j in f.free])
+    th = np.repeat(f.theta[None], k + 1, 0)  # row 0: the fit itself, in the same batched pass as the steps
+    th[1 + np.arange(k), f.free] += steps
+    evs = evaluate_many(model, data, th, layout, context, horizon)
+    g = np.stack([e.grad.mean(0)[f.free] for e in evs])  # (k + 1, k)
+    H = ((g[1:] - g[0]) / steps[:, None]).T  # column j: the change of the gradient along parameter j
+    return floored(H)
+
+
+def floored(H: np.ndarray) -> tuple[np.ndarray, bool]:
+    """A finite-difference Hessian (k, k) symmetrised, plus the ridge, with its eigenvalues floored
+    at 1e-3 of the largest; and whether it was positive definite before the floor."""
+    k = len(H)
     H = 0.5 * (H + H.T) + RIDGE * np.eye(k)
     w, V = np.linalg.eigh(H)
     ok = bool(w.min() > 0) if k else True
@@ -608,7 +708,8 @@ def reference(model, episodes, blocks: Blocks, norm, cfg) -> Reference:
     data = FitData.of(episodes, blocks, norm, layout)
     ident = evaluate(model, data, np.zeros(len(layout)), layout, cfg.context, ATTRIBUTION_HORIZON)
     lo, hi = bounds(norm, episodes, layout, cfg, cfg.competence_alpha)
-    f = fit(model, data, layout, np.arange(len(layout)), lo, hi, cfg.context, ATTRIBUTION_HORIZON, ident)
+    free = np.flatnonzero(judged(lo, hi, layout, cfg))
+    f = fit(model, data, layout, free, lo, hi, cfg.context, ATTRIBUTION_HORIZON, ident)
     return Reference(ident.grad, f.theta, f.at_fit.grad, (layout.n_actions, layout.n_inputs), layout.max_delay)
 
 
@@ -656,6 +757,7 @@ class SysidResult:
     evaluations: int = 0
     relative: np.ndarray | None = None  # (k,) fitted - real reference, parameter scale (fit.free order)
     covariance: np.ndarray | None = None  # (k, k) of `relative` (checked sandwich + the real reference's)
+    unjudged: list[str] = field(default_factory=list)  # corrections left at the identity (`judged`), in words
 
     def support(self, cols) -> float:
         """Joint Wald statistic of the fitted parameters among `cols` against the identity, over its

@@ -196,3 +196,66 @@ def test_the_headline_estimate_prefers_an_excluded_identity_then_the_inside_of_t
     inside = est("deadband", 0.28, (0.07, 0.48), -9.4)
     assert max([gain, inside], key=headline_order) is inside  # then the larger |t|
     assert not sysid.excludes_identity(est("gain", 0.5, (float("nan"), 0.7), 5.0))
+
+
+def test_batched_evaluations_are_the_one_at_a_time_ones():
+    """evaluate_many / objective_many put several thetas through the model in one pass (each block
+    repeated); every theta's J and per-block gradient are what its own pass gives, also when the
+    rows of a pass are capped (several chunks), and the FD Hessian is symmetric with the ridge."""
+    from wmcheck.worldmodel import WorldModel
+    from wmcheck.worldmodel.config import preset
+
+    eps, norm, blocks, layout, data = _setup(max_delay=2)
+    torch.manual_seed(0)
+    model = WorldModel(preset("debug", obs_dim=2, action_dim=2, input_dim=1)).eval()
+    rng = np.random.default_rng(1)
+    thetas = rng.normal(scale=0.2, size=(5, len(layout)))
+    thetas[:, layout.index("delay")] = [-1.5, -0.3, 0.0, 0.7, 1.2]
+    one = [sysid.evaluate(model, data, th, layout, 8, 4) for th in thetas]
+    many = sysid.evaluate_many(model, data, thetas, layout, 8, 4)
+    assert len(many) == 5 and not np.allclose(one[0].J, one[1].J)  # the thetas differ, and so do their Js
+    for a, b in zip(one, many):
+        np.testing.assert_allclose(b.J, a.J, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(b.grad, a.grad, rtol=1e-3, atol=1e-5)
+    old = sysid.ROWS_PER_PASS
+    try:
+        sysid.ROWS_PER_PASS = 7  # one block copy per theta per pass: many chunks
+        capped = sysid.objective_many(model, data, thetas, layout, 8, 4)
+    finally:
+        sysid.ROWS_PER_PASS = old
+    np.testing.assert_allclose(capped, [a.J.mean() for a in one], rtol=1e-5)
+
+    lo, hi = np.full(len(layout), -3.0), np.full(len(layout), 3.0)
+    hi[0] = thetas[1, 0] + 0.01  # no room for a forward step: that column steps backward
+    f = sysid.Fit(thetas[1], np.arange(len(layout)), 0.0, 0.0, one[1], 1, np.zeros(len(layout), bool))
+    H, ok = sysid.hessian(model, data, layout, f, lo, hi, 8, 4)
+    raw = np.zeros((len(layout), len(layout)))
+    for j in range(len(layout)):  # the forward differences one evaluation at a time
+        step = -sysid.FD_STEP if j == 0 else sysid.FD_STEP
+        th = thetas[1].copy()
+        th[j] += step
+        raw[:, j] = (sysid.evaluate(model, data, th, layout, 8, 4).grad.mean(0) - one[1].grad.mean(0)) / step
+    want, want_ok = sysid.floored(raw)
+    assert ok == want_ok
+    np.testing.assert_allclose(H, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_parameter_is_fitted_only_where_its_box_reaches_the_configured_sizes():
+    """judged: the delay always; a gain, offset or deadband when its box reaches the grids' smallest
+    non-identity step on one side (gain 0.9 / 1.12: |log| 0.105; offset and deadband 0.1 std)."""
+    from wmcheck.checks.config import CheckConfig
+
+    layout = sysid.Layout.of(2, 0, 3)
+    p = len(layout)
+    lo, hi = np.zeros(p), np.zeros(p)
+    idx = {(q.kind, q.channel): j for j, q in enumerate(layout.params)}
+    lo[idx["gain", 0]] = np.log(0.9)  # reaches 0.9 exactly
+    hi[idx["gain", 1]] = np.log(1.05)  # short of 1.12 and nothing below 1
+    lo[idx["offset", 0]], hi[idx["offset", 0]] = -0.03, 0.03  # a few hundredths: not judged
+    hi[idx["offset", 1]] = 0.1
+    lo[idx["deadband", 0]], hi[idx["deadband", 0]] = -0.25, 0.25
+    ok = sysid.judged(lo, hi, layout, CheckConfig())
+    assert ok[layout.index("delay")]
+    assert ok[idx["gain", 0]] and not ok[idx["gain", 1]]
+    assert not ok[idx["offset", 0]] and ok[idx["offset", 1]]
+    assert ok[idx["deadband", 0]] and not ok[idx["deadband", 1]]
