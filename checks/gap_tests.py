@@ -278,10 +278,7 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
             scores, groups, cal.sysid.scores, cal.real_episode, cols, ctx.level, ctx.rng, boot_idx, twin
         )
 
-    judged = sysid.judged(lo, hi, layout, cfg)
-
     def fit(free, start=None):
-        free = [j for j in free if judged[j]]
         return sysid.fit(ctx.model, data, layout, free, lo, hi, cfg.context, H_, ident, start=start)
 
     # In order, as a delay looks partly like a weaker gain: the actuator scores are taken where the
@@ -316,12 +313,6 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
 
         est, pairs, rel, total = sysid.estimates(f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of)
         result = sysid.SysidResult(layout, f, est, pairs, ok, evaluations + len(f.free) + 1, rel, total)
-        if "actuator" in fired:  # the command parameters the joint fit was asked for but left at the identity
-            result.unjudged = [
-                sysid.describe(layout.params[j].kind, names[layout.params[j].channel])
-                for j in layout.columns("actuator")
-                if not judged[j]
-            ]
         supported = {gap for gap in fired if result.support(layout.columns(gap)) >= 1.0}
         kept = applied_columns(layout, supported)
         if kept:

@@ -103,12 +103,6 @@ def _fit_words(d) -> str:
             + ", ".join(f"{a} and {b} (correlation {c:+.2f})" for a, b, c in strongest)
             + (f" and {len(r.confounded) - 4} more pairs" if len(r.confounded) > 4 else "")
         )
-    if r.unjudged:
-        words += (
-            f"; not fitted, as the model cannot judge a correction of the configured sizes there (the logs' "
-            f"commands leave no room): {', '.join(r.unjudged[:6])}"
-            + (f" and {len(r.unjudged) - 6} more" if len(r.unjudged) > 6 else "")
-        )
     if not r.curvature_ok:
         words += "; the fit is not at a clear minimum, so its intervals are approximate"
     return words
@@ -185,7 +179,6 @@ def actuator_fit_row(g: GapEvidence, verdict: str) -> dict:
         "per_channel": per_channel,
         "scores": t_per,
         "judgeable": d.box,
-        "not_fitted": list(d.fit.unjudged),
         "confounded": [{"a": a, "b": b, "correlation": r4(c)} for a, b, c in d.fit.confounded],
     }
     return _row(

@@ -43,10 +43,7 @@ HalfCheetah with every gain at 0.5, fitting the 2 significant channels gave 0.64
 all 6 gave 0.51-0.60 and a far lower J) are then fitted jointly, since a delay and a weak gain
 mimic each other: L-BFGS on the blocks' mean J plus a weak ridge toward the identity, projected onto the box
 the model can judge (`bounds`: corrections that move no more commands outside the training logs'
-range than the identity does, or competence_alpha of them; attribution.allowed_corrections' rule),
-until an iteration changes J by less than a hundredth of J's standard error over the episodes.
-A parameter whose box does not reach the smallest correction the configuration asks about is not
-fitted (`judged`; an offset on commands that span the logs' whole range).
+range than the identity does, or competence_alpha of them; attribution.allowed_corrections' rule).
 The estimate is relative to the same fit on the held-out real blocks (calibration: the model's own
 preference, e.g. a curve that bottoms out at -0.3 steps, cancels). Interval: the cluster-robust
 sandwich H^-1 S H^-1 over episodes (H by forward differences of the mean gradient, S from the
@@ -85,14 +82,32 @@ FD_STEP = 0.02  # forward-difference step of the Hessian, parameter units
 CONFOUNDED = 0.7  # |correlation| of two estimates above which the report calls them confounded
 GUARD_POINTS = 33  # candidate values per parameter when the box the model can judge is found
 MAX_EVALS = 30  # objective evaluations of one fit (a cap; the tolerances usually stop it first)
-TOL_SE = 1e-2  # an iteration that changes J (or any parameter) by less than this share of J's own
-# standard error over the episodes ends the fit: such a change is far below what the data can tell
+TOL_CHANGE = 1e-5  # nats per step and channel: a smaller change of J or of a parameter ends the fit
 TOL_GRAD = 1e-4  # largest |gradient| (nats per parameter unit) at which the fit is converged
-STALE_EVALS = 3  # evaluations in a row without a gain of that size end the fit (the best one is kept)
+STALE_EVALS = 3  # evaluations at the best J (within TOL_CHANGE) since the last gain end the fit
 
 
 class _Converged(Exception):
     """Raised from the L-BFGS closure to end a fit that no longer improves."""
+
+
+class Progress:
+    """The best point of a fit so far, and when to stop: the strong-Wolfe search can probe one
+    corner of the box for many evaluations with J the same to 6 digits, so STALE_EVALS evaluations
+    that return the best J again (within TOL_CHANGE) since the last gain end the fit. A worse trial
+    point is the line search at work and counts neither way."""
+
+    def __init__(self, theta: np.ndarray):
+        self.best, self.theta, self.stale = np.inf, theta, 0
+
+    def stop_after(self, obj: float, theta: np.ndarray) -> bool:
+        if obj < self.best - TOL_CHANGE:
+            self.stale = 0
+        elif abs(obj - self.best) <= TOL_CHANGE:
+            self.stale += 1
+        if obj < self.best:
+            self.best, self.theta = obj, theta
+        return self.stale >= STALE_EVALS
 
 
 @dataclass(frozen=True)
@@ -512,9 +527,9 @@ def fit(
     there). J is not convex in the delay over several steps (one step of shift can be a local
     minimum when the true delay is two), so a free delay starts at the best integer shift of a scan
     (forward passes only) and is refined from there with the rest; `start` (p,) replaces the scan
-    (a fit that continues from an earlier one). It ends when an iteration, or STALE_EVALS
-    evaluations in a row, gain less than TOL_SE of J's standard error, and returns the best
-    point it evaluated."""
+    (a fit that continues from an earlier one). It ends when an iteration gains less than
+    TOL_CHANGE, or when STALE_EVALS evaluations since the last gain return the best J again (the
+    line search stuck on a corner of the box), and returns the best point it evaluated."""
     free = np.asarray(free, int)
     p = len(layout)
     cache: dict[bytes, Evaluation] = {}
@@ -547,8 +562,6 @@ def fit(
             shifts, Js = np.append(0, shifts), np.append(at_identity.J.mean(), Js)
         x0[list(free).index(i_d)] = shifts[int(np.argmin(Js))]
     x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
-    base = at_identity if at_identity is not None else ev(full(x0))
-    tol = TOL_SE * mean_se(base.J, data.blocks.episode)
     opt = torch.optim.LBFGS(
         [x],
         lr=1.0,
@@ -557,10 +570,10 @@ def fit(
         history_size=10,
         line_search_fn="strong_wolfe",
         tolerance_grad=TOL_GRAD,
-        tolerance_change=tol,
+        tolerance_change=TOL_CHANGE,
     )
 
-    track = {"best": np.inf, "theta": full(x0), "ref": np.inf, "stale": 0}
+    progress = Progress(full(x0))
 
     def closure():
         xv = x.detach().numpy()
@@ -571,53 +584,20 @@ def fit(
         g = np.where(((theta[free] >= hi[free]) & (g < 0)) | ((theta[free] <= lo[free]) & (g > 0)), 0.0, g)
         x.grad = torch.from_numpy(g)
         obj = float(e.J.mean() + 0.5 * RIDGE * np.sum(theta[free] ** 2))
-        if obj < track["best"]:
-            track["best"], track["theta"] = obj, theta
-        # the strong-Wolfe search can probe the same corner of the box for many evaluations: stop
-        # when STALE_EVALS evaluations in a row improve on the last real gain by less than tol
-        if obj < track["ref"] - tol:
-            track["ref"], track["stale"] = obj, 0
-        else:
-            track["stale"] += 1
-            if track["stale"] >= STALE_EVALS:
-                raise _Converged
+        if progress.stop_after(obj, theta):
+            raise _Converged
         return torch.tensor(obj, dtype=torch.float64)
 
     if len(free):
         with contextlib.suppress(_Converged):
             opt.step(closure)
-    theta = track["theta"] if len(free) else full(x.detach().numpy())
+    theta = progress.theta if len(free) else full(x.detach().numpy())
     at_fit = ev(theta)
     J0 = float(ev(np.zeros(p)).J.mean())
     tol = 1e-9
     at_bound = (theta[free] <= lo[free] + tol) & (lo[free] < -tol) | (theta[free] >= hi[free] - tol) & (hi[free] > tol)
     at_bound |= (lo[free] == 0) & (hi[free] == 0)
     return Fit(theta, free, J0, float(at_fit.J.mean()), at_fit, len(cache) + scans, at_bound)
-
-
-def mean_se(J: np.ndarray, groups: np.ndarray) -> float:
-    """Standard error of the blocks' mean J (n,) with episodes as the clusters, floored at 1e-4 nats
-    (so one episode, or identical blocks, still give the fit a tolerance)."""
-    return float(max(np.sqrt(cluster_score_cov(np.asarray(J, float)[:, None], groups)[0, 0]), 1e-4))
-
-
-def judged(lo: np.ndarray, hi: np.ndarray, layout: Layout, cfg) -> np.ndarray:
-    """(p,) bool: the parameters a fit moves. The delay always; a command parameter when the box the
-    model can judge (`bounds`) reaches, on one side at least, the smallest correction of its kind
-    that the configuration asks about (the grids' smallest non-identity step: a gain of 0.9 or 1.12,
-    an offset or deadband of 0.1 std). Commands that span the training logs' whole range leave an
-    offset a box of a few hundredths: nothing of interest can be judged there, the grid searches
-    test no candidate there either, and fitting it only costs evaluations."""
-    steps = {
-        "gain": float(np.min(np.abs(np.log([g for g in cfg.gain_grid if g != 1.0])))),
-        "offset": float(np.min(np.abs([o for o in cfg.offset_grid if o != 0.0]))),
-        "deadband": float(np.min(np.abs([w for w in cfg.deadband_grid if w != 0.0]))),
-    }
-    out = np.ones(len(layout), bool)
-    for j, prm in enumerate(layout.params):
-        if prm.kind != "delay":
-            out[j] = max(-lo[j], hi[j]) >= steps[prm.kind] - 1e-9
-    return out
 
 
 def cluster_score_cov(grad: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -708,8 +688,7 @@ def reference(model, episodes, blocks: Blocks, norm, cfg) -> Reference:
     data = FitData.of(episodes, blocks, norm, layout)
     ident = evaluate(model, data, np.zeros(len(layout)), layout, cfg.context, ATTRIBUTION_HORIZON)
     lo, hi = bounds(norm, episodes, layout, cfg, cfg.competence_alpha)
-    free = np.flatnonzero(judged(lo, hi, layout, cfg))
-    f = fit(model, data, layout, free, lo, hi, cfg.context, ATTRIBUTION_HORIZON, ident)
+    f = fit(model, data, layout, np.arange(len(layout)), lo, hi, cfg.context, ATTRIBUTION_HORIZON, ident)
     return Reference(ident.grad, f.theta, f.at_fit.grad, (layout.n_actions, layout.n_inputs), layout.max_delay)
 
 
@@ -757,7 +736,6 @@ class SysidResult:
     evaluations: int = 0
     relative: np.ndarray | None = None  # (k,) fitted - real reference, parameter scale (fit.free order)
     covariance: np.ndarray | None = None  # (k, k) of `relative` (checked sandwich + the real reference's)
-    unjudged: list[str] = field(default_factory=list)  # corrections left at the identity (`judged`), in words
 
     def support(self, cols) -> float:
         """Joint Wald statistic of the fitted parameters among `cols` against the identity, over its

@@ -240,22 +240,14 @@ def test_batched_evaluations_are_the_one_at_a_time_ones():
     np.testing.assert_allclose(H, want, rtol=1e-4, atol=1e-6)
 
 
-def test_a_parameter_is_fitted_only_where_its_box_reaches_the_configured_sizes():
-    """judged: the delay always; a gain, offset or deadband when its box reaches the grids' smallest
-    non-identity step on one side (gain 0.9 / 1.12: |log| 0.105; offset and deadband 0.1 std)."""
-    from wmcheck.checks.config import CheckConfig
-
-    layout = sysid.Layout.of(2, 0, 3)
-    p = len(layout)
-    lo, hi = np.zeros(p), np.zeros(p)
-    idx = {(q.kind, q.channel): j for j, q in enumerate(layout.params)}
-    lo[idx["gain", 0]] = np.log(0.9)  # reaches 0.9 exactly
-    hi[idx["gain", 1]] = np.log(1.05)  # short of 1.12 and nothing below 1
-    lo[idx["offset", 0]], hi[idx["offset", 0]] = -0.03, 0.03  # a few hundredths: not judged
-    hi[idx["offset", 1]] = 0.1
-    lo[idx["deadband", 0]], hi[idx["deadband", 0]] = -0.25, 0.25
-    ok = sysid.judged(lo, hi, layout, CheckConfig())
-    assert ok[layout.index("delay")]
-    assert ok[idx["gain", 0]] and not ok[idx["gain", 1]]
-    assert not ok[idx["offset", 0]] and ok[idx["offset", 1]]
-    assert ok[idx["deadband", 0]] and not ok[idx["deadband", 1]]
+def test_a_fit_stops_on_repeats_of_its_best_point_not_on_worse_trials():
+    """sysid.Progress: worse trial points (a line search overshooting) never end a fit, however
+    many; STALE_EVALS returns of the best J since the last gain do, and the best point is kept."""
+    p = sysid.Progress(np.zeros(2))
+    assert not p.stop_after(-1.0, np.array([0.0, 0.0]))
+    for k in range(10):  # overshooting trials, all worse than the best
+        assert not p.stop_after(-0.5 + k * 0.01, np.array([9.0, 9.0]))
+    assert not p.stop_after(-2.0, np.array([1.0, 0.0]))  # a gain resets the count
+    hits = [p.stop_after(-2.0 + sysid.TOL_CHANGE / 2, np.array([1.0, 1e-9])) for _ in range(sysid.STALE_EVALS)]
+    assert hits == [False] * (sysid.STALE_EVALS - 1) + [True]
+    assert p.best == -2.0 and p.theta.tolist() == [1.0, 0.0]  # the point of the best J, not a later repeat
