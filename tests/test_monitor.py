@@ -133,7 +133,10 @@ def test_monitor_refuses_other_settings_and_timestamp_free_calendar_periods(new_
     base = ["monitor", str(run), "--real", str(logs["faithful"]), "--out", str(out), "--no-tensorboard"]
     assert main(base + ["--period", "1d"]) == 2
     assert "no timestamps" in capsys.readouterr().err
-    assert main(base + ["--period", "16"]) == 0
+    # a run that completes (stable 0 or drifted 1; refused is 2): the verdicts on faithful data are
+    # test_monitor_stays_stable_then_finds_a_drift's, and with windows of 16 episodes this model's
+    # faithful episodes 17-32 drifted on one install (divergence 2.7x the held-out episodes')
+    assert main(base + ["--period", "16"]) in (0, 1)
     assert main(base + ["--period", "16", "--alpha", "0.1"]) == 2
     assert "other settings" in capsys.readouterr().err
     state = json.loads((out / "monitor_state.json").read_text())
@@ -173,5 +176,5 @@ def test_a_second_monitor_on_the_same_folder_stops_with_exit_2(new_logs, capsys)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert main(cmd + ["--no-tensorboard"]) == 0
+    assert main(cmd + ["--no-tensorboard"]) in (0, 1)  # it ran (not refused, 2), whatever it found
     assert len(json.loads((out / "monitor_state.json").read_text())["looks"]) == 2
