@@ -4,7 +4,7 @@ its episode.
 Owns `FoldModels` (the K models of a `train --folds K` run and which fold each episode of the data at
 hand belongs to) and `per_fold`, the one routing rule: a function of (model, blocks) whose outputs
 have one row per block is run once per fold on that fold's blocks, and the rows are put back in
-block order. scoring.score_blocks / latent_features and sysid.evaluate / objective_only route
+block order. scoring.score_blocks / latent_features and sysid.evaluate_many / objective_many route
 through it, so every statistic built on them (calibration's nulls and power set, the check's scores
 and corrections' fit) is out of fold without knowing about folds.
 

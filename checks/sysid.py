@@ -381,9 +381,9 @@ def _passes(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """J (m, n) at every theta of thetas (m, p) for every block and, with `grad`, its gradient
     (m, n, p) from one backward pass. The m thetas go through the model together (each block
-    repeated m times, at most ROWS_PER_PASS rows a pass): a pass over a few blocks is dominated
-    by per-step overhead on a CPU, so m thetas together cost far less than m passes. One model
-    (FoldModels are split by the callers)."""
+    repeated m times, at most ROWS_PER_PASS rows a pass): a pass over a few blocks of a small model
+    is dominated by per-step overhead, which the copies share; a `size1m` model is compute-bound
+    at 48 rows, and there it gains nothing. One model (FoldModels are split by the callers)."""
     m, p = thetas.shape
     n = len(data)
     J = np.zeros((m, n))
@@ -412,13 +412,12 @@ def evaluate_many(
     with FoldModels, every block through its fold's model)."""
     thetas = np.atleast_2d(np.asarray(thetas, float))
     if isinstance(model, FoldModels):
-        parts = per_fold(
+        return per_fold(
             model,
             data,
             lambda mk, d, k: evaluate_many(mk, d, thetas, layout, context, horizon, chunk),
             lambda parts, order: [Evaluation.merged([p[i] for p in parts], order) for i in range(len(thetas))],
         )
-        return parts
     J, G = _passes(model, data, thetas, layout, context, horizon, True, chunk)
     return [Evaluation(J[i], G[i]) for i in range(len(thetas))]
 
@@ -445,13 +444,6 @@ def objective_many(
         return sum(j * n for j, n in parts) / sum(n for _, n in parts)
     J, _ = _passes(model, data, thetas, layout, context, horizon, False, chunk)
     return J.mean(1)
-
-
-def objective_only(
-    model, data: FitData, theta: np.ndarray, layout: Layout, context: int, horizon: int, chunk: int = 64
-) -> float:
-    """Mean J at theta, forward passes only."""
-    return float(objective_many(model, data, np.asarray(theta, float)[None], layout, context, horizon, chunk)[0])
 
 
 def corrected_blocks(data: FitData, theta: np.ndarray, layout: Layout) -> Blocks:

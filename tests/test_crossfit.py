@@ -84,7 +84,7 @@ def test_the_corrections_fit_is_routed_too(two_models):
     data = sysid.FitData.of(eps, blocks, norm, layout)
     theta = np.full(len(layout), 0.05)
     routed = sysid.evaluate(fm, data, theta, layout, 8, 4)
-    mean = sysid.objective_only(fm, data, theta, layout, 8, 4)
+    (mean,) = sysid.objective_many(fm, data, theta[None], layout, 8, 4)
     for k in (0, 1):
         idx = np.flatnonzero((blocks.episode >= 3) == k)
         own = sysid.evaluate(models[k], data.subset(idx), theta, layout, 8, 4)
