@@ -47,18 +47,19 @@ from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import training_split
 from wmcheck.training.checkpoint import ModelBundle, file_sha256, load_model
-from wmcheck.training.conformal import LEVEL, cross_fitted_inside, fit_spread_scale
+from wmcheck.training.conformal import LEVEL, cross_fitted_inside, fit_spread_scale, left_out_scales
 from wmcheck.training.crossfit import read_crossfit, single_model_run
 from wmcheck.training.quality import compute_card, read_card, write_card
 
-CALIBRATION_VERSION = 10  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 11  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
 # 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale;
 # 6: the power entries' open-loop bias cells (bias.py); 7: the corrections' fit reference (sysid.py);
 # 8: the held-out episodes' (conditions, command) pairs (policy_match.py); 9: the divergence score is the
 # share of open-loop cells outside the 90 % interval (scoring.exceedance_share), not the mean z^2;
-# 10: the held-out blocks' open-loop predicted means (the bias test's response cells, bias.py)
+# 10: the held-out blocks' open-loop predicted means (the bias test's response cells, bias.py);
+# 11: the real blocks scored with left-out spread scales, and every open-loop draw from its own posterior
 @dataclass
 class Calibration:
     config: CheckConfig
@@ -98,6 +99,19 @@ class Calibration:
     def support_bound(self, alpha: float) -> float:
         """The latent distance to the training latents that all but `alpha` of held-out real steps stay under."""
         return float(np.quantile(self.real.support_steps, 1 - alpha))
+
+    def left_out_support_bounds(self, alpha: float) -> np.ndarray:
+        """(n,) per real block, `support_bound` from the steps of the other held-out episodes: the
+        bound the block's own episode would meet as a new one (it is not in-sample for it)."""
+        steps, episode = self.real.support_steps, self.real_episode
+        ids = np.unique(episode)
+        if len(ids) < 2:
+            return np.full(len(steps), self.support_bound(alpha))
+        out = np.empty(len(steps))
+        for e in ids:
+            m = episode == e
+            out[m] = np.quantile(steps[~m], 1 - alpha)
+        return out
 
     def save(self, run_dir: Path) -> None:
         arrays = {
@@ -321,11 +335,13 @@ def calibrate(
     real = score_blocks(model, blocks, cfg.samples, ref, scale, seed=cfg.seed)
     # The model's own spread under-covers open loop; the conformal scale fitted on these blocks
     # makes its 90 % band cover 90 % of them at every step and channel, and every score uses it.
+    # The real blocks themselves are scored with the scale fitted without their episode, so they
+    # are not in-sample for it (conformal.left_out_scales).
     r = np.abs(real.z_steps)  # (B, H, D)
     spread = fit_spread_scale(r)  # (H, D)
     strata = model.assignment if folds is not None else None  # halves (coverage, power) hold each fold equally
     coverage = interval_coverage(r, blocks.episode, held, strata)
-    real = with_spread_scale(real, spread)
+    real = with_spread_scale(real, left_out_scales(r, blocks.episode))
     sysid_ref = None
     if cfg.attribution == "grid":
         say("  attribution searches on real blocks (the null of every search)")

@@ -69,11 +69,13 @@ def feature_layout(obs_names: list[str]) -> tuple[list[str], list[str], list[int
     return names, kinds, channel, np.array(two)
 
 
-def episode_features(sc, groups: np.ndarray, support_q: float, obs_names: list[str]) -> EpisodeFeatures:
+def episode_features(sc, groups: np.ndarray, support_q, obs_names: list[str]) -> EpisodeFeatures:
     """The features of every episode in `groups` ((n_blocks,) episode id per block of `sc`, a
-    `scoring.BlockScores`); `support_q` is the held-out real steps' 99 % support distance."""
+    `scoring.BlockScores`); `support_q` is the held-out real steps' 99 % support distance, one
+    value or (n_blocks,) one per block (the reference's own, left out: Calibration.left_out_support_bounds)."""
     names, kinds, channel, two = feature_layout(obs_names)
     ids = np.unique(groups)
+    bound = np.broadcast_to(np.asarray(support_q, np.float64), (len(groups),))  # (n_blocks,)
     rows = []
     for e in ids:
         b = groups == e
@@ -85,7 +87,7 @@ def episode_features(sc, groups: np.ndarray, support_q: float, obs_names: list[s
                     [np.log(np.maximum(sc.divergence[b], 1e-12)).mean(), sc.nll[b].mean()],
                     err.mean(0),
                     np.log(np.maximum(z.var(0), 1e-12)),
-                    [(sc.support_steps[b] > support_q).mean()],
+                    [(sc.support_steps[b] > bound[b, None]).mean()],
                 ]
             )
         )

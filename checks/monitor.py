@@ -185,7 +185,7 @@ def load_context(run_dir: Path) -> Context:
         f"obs_{d}" for d in range(cal.real.z_steps.shape[-1])
     ]
     q = cal.support_bound(0.01)
-    ref = episode_features(cal.real, cal.real_episode, q, names)
+    ref = episode_features(cal.real, cal.real_episode, cal.left_out_support_bounds(0.01), names)  # not in-sample for q
     if len(ref.ids) < 2:
         raise UserError(
             f"{run_dir}: the calibration rests on {len(ref.ids)} held-out real episode(s); a drift test needs >= 2",

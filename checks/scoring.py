@@ -135,12 +135,14 @@ def exceedance_share(outside: np.ndarray, cells: int) -> np.ndarray:
 
 
 def with_spread_scale(sc: BlockScores, scale: np.ndarray | None) -> BlockScores:
-    """The z-based scores of `sc` (computed with the raw spread) under a spread scale (H, D):
-    z / scale, the divergences recomputed from it, the bands widened about the mean."""
+    """The z-based scores of `sc` (computed with the raw spread) under a spread scale, (H, D) for
+    every block or (n, H, D) one per block (the reference's left-out scales): z / scale, the
+    divergences recomputed from it, the bands widened about the mean."""
     if scale is None:
         return sc
     H = sc.z_steps.shape[1]
-    s = np.asarray(scale, np.float64)[:H]  # (H, D)
+    s = np.asarray(scale, np.float64)
+    s = s[:, :H] if s.ndim == 3 else s[:H]  # (n, H, D) or (H, D)
     z = (sc.z_steps / s).astype(np.float32)  # (n, H, D)
     z2 = z.astype(np.float64) ** 2
     out = dict(

@@ -178,3 +178,17 @@ def test_a_second_monitor_on_the_same_folder_stops_with_exit_2(new_logs, capsys)
         holder.wait()
     assert main(cmd + ["--no-tensorboard"]) in (0, 1)  # it ran (not refused, 2), whatever it found
     assert len(json.loads((out / "monitor_state.json").read_text())["looks"]) == 2
+
+
+def test_bench_reference_null_scores_the_reference_left_out(pendulum_checked):
+    """scripts/bench_reference_null.py on the tests' model: fresh real episodes drawn as reference
+    and window, the reference's features in-sample and left out. In-sample, the reference looks
+    better than the window (its scale and support bound were fitted on it); left out it moves
+    toward the window: on the same draws its gap is the larger (less negative) one."""
+    from wmcheck.scripts.bench_reference_null import main as bench
+
+    run, _meta, _tmp = pendulum_checked
+    out = bench(["--run", str(run), "--pool", "60", "--replicates", "30"])
+    assert set(out) == {"in-sample", "left out"}
+    assert out["in-sample"]["gap"] < out["left out"]["gap"], out
+    assert all(0.0 <= v["p05"] <= 1.0 and v["gap_se"] > 0 for v in out.values())

@@ -230,3 +230,31 @@ def test_fast_core_matches_reference_formulation():
         a, _ = m.observe(seq, sample=False)
         b, _ = ref.observe(seq, sample=False)
     assert torch.allclose(a.state.deter, b.state.deter, atol=1e-4)
+
+
+def test_openloop_draws_start_from_their_own_posterior_samples():
+    """The open-loop predictive integrates over the state at the end of the context: each of the N
+    draws filters the context with its own posterior samples (one draw shared by all N left that
+    uncertainty out of the spread), and with sample=False all draws are the posterior mode."""
+    model = make_model().eval()
+    seq = make_seq(t=8)
+    seen = []
+    imagine = model.rssm.imagine
+
+    def spy(state, ctrl, **kw):
+        seen.append(state)
+        return imagine(state, ctrl, **kw)
+
+    model.rssm.imagine = spy
+    N, C = 6, 5
+    out = model.openloop(seq, C, samples=N)
+    assert out["samples"].shape == (N, B, T + 3 - C, D) and out["mean"].shape == (B, T + 3 - C, D)
+    stoch = seen[-1].stoch.reshape(N, B, -1)  # draw-major rows
+    for b in range(B):  # an untrained posterior is diffuse: the draws' context states differ
+        assert len({tuple(stoch[n, b].tolist()) for n in range(N)}) > 1
+    model.openloop(seq, C, samples=N, sample=False)
+    mode = seen[-1].stoch.reshape(N, B, -1)
+    assert torch.equal(mode, mode[:1].expand_as(mode))
+    # the context's posterior is the one `observe` gives (same tokens, controls and resets)
+    _, last = model.observe(SimpleNamespace(**{k: v[:, :C] for k, v in vars(seq).items()}), sample=False)
+    assert torch.allclose(seen[-1].deter[:B], last.deter, atol=1e-6)

@@ -49,6 +49,28 @@ def fit_spread_scale(r: np.ndarray, level: float = LEVEL, pool: int = 2) -> np.n
     return np.maximum(np.nan_to_num(scale, nan=1.0), 1e-3)
 
 
+def left_out_scales(r: np.ndarray, groups: np.ndarray, level: float = LEVEL, pool: int = 2) -> np.ndarray:
+    """(B, H, D) the scale of every window fitted on the windows of the *other* groups (episodes).
+
+    The held-out real windows are the reference every check and monitor look compares new data
+    with, and the scale is fitted on them: scored with it, their exceedances are in-sample (a
+    quantile sits on its own values, Monte Carlo draws included), so they look better than any
+    new real episode scored with the same scale, and faithful data drifts. Scored with the scale
+    fitted without their own episode they stand where a new episode stands. With one group the
+    one scale is all there is."""
+    r = np.abs(np.asarray(r, np.float64))
+    groups = np.asarray(groups)
+    ids = np.unique(groups)
+    out = np.empty(r.shape)
+    if len(ids) < 2:
+        out[:] = fit_spread_scale(r, level, pool)
+        return out
+    for g in ids:
+        m = groups == g
+        out[m] = fit_spread_scale(r[~m], level, pool)
+    return out
+
+
 def interval_covered(r: np.ndarray, scale: np.ndarray | None = None, level: float = LEVEL) -> np.ndarray:
     """Whether each truth lies in the (scaled) central interval: r (B, H, D) -> bool (B, H, D)."""
     zq = NormalDist().inv_cdf((1 + level) / 2)

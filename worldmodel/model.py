@@ -73,10 +73,14 @@ class WorldModel(nn.Module):
 
     def observe(self, seq, state: State | None = None, sample: bool = True) -> tuple[Observed, State]:
         self._check(seq)
+        return self.rssm.observe(self._tokens(seq), _control(seq), seq.is_first.bool(), state, sample)
+
+    def _tokens(self, seq) -> torch.Tensor:
+        """The encoders' tokens of every step (B, T, units [+ cnn])."""
         tokens = self.encoder(seq.obs.float())  # (B, T, units)
         if self.image_encoder is not None:
             tokens = torch.cat([tokens, self.image_encoder(seq.images)], -1)  # (B, T, units + cnn)
-        return self.rssm.observe(tokens, _control(seq), seq.is_first.bool(), state, sample)
+        return tokens
 
     def embed_images(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
         """The image encoder's embedding of frames {key: (B, T, H, W, c) uint8} -> (B, T, E).
@@ -239,15 +243,18 @@ class WorldModel(nn.Module):
         if not 0 < context < T:
             raise ValueError(f"openloop: context {context} must be in [1, T={T})")
         ctx = _Slice(seq, 0, context)
-        _, last = self.observe(ctx, sample=sample)
+        self._check(ctx)
 
-        def rep(x):  # (B, ...) -> (N*B, ...)
+        def rep(x):  # (B, ...) -> (N*B, ...), draw-major: rows [n*B, (n+1)*B) are draw n
             return x.repeat(samples, *([1] * (x.dim() - 1)))
 
-        state = State(rep(last.deter), rep(last.stoch))
+        # Each draw filters the context with its own posterior samples: the state at the end of
+        # the context is uncertain too, and one draw shared by all N (as before) left that
+        # uncertainty out of the spread; the encoders run once, on the B sequences.
+        _, state = self.rssm.observe(rep(self._tokens(ctx)), rep(_control(ctx)), rep(ctx.is_first.bool()), None, sample)
         states = self.imagine(
             state, rep(seq.prev_action[:, context:].float()), rep(seq.prev_input[:, context:].float()), sample=sample
-        )
+        )  # (N*B, H, ...)
         mean, log_std = self.decode(states)  # (N*B, H, D)
         draws = symexp(mean + torch.exp(log_std) * torch.randn_like(mean))
         H, D = mean.shape[1], mean.shape[2]
