@@ -330,7 +330,7 @@ def residual_evidence(
       dynamics      per channel: min(z_level, z_colour) over the one-sided critical value at
                     dynamics_share x alpha / D: larger AND more coloured residuals (the open-loop
                     bias test, bias.py, takes the rest of the dynamics level).
-    Every z is the episode-level Welch t of the statistic (stats.episode_t; groups = (checked, real)
+    Every z is the episode-level t of the statistic (stats.episode_t, pooled variance; groups = (checked, real)
     episode of each block: blocks of one episode are dependent and a rank test of few episodes
     saturates), mapped to the normal scale by its tail probability (stats.t_to_z). Estimates: noise
     ratio sqrt(mean var_checked / mean var_real) with an episode-bootstrap interval, and the bias

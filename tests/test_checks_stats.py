@@ -206,6 +206,39 @@ def test_episode_level_tests_keep_alpha_and_grow_with_the_gap():
     assert episode_t_greater(x9, g9, y, gy, log=True) < episode_t_greater(x6, g6, y, gy, log=True)
 
 
+def test_episode_t_holds_the_gap_tests_levels_with_four_checked_episodes():
+    """The gap tests judge episode_t at 1e-5-1e-4 (Bonferroni over channels), with 4 checked
+    episodes against some 27 real ones. On normal episode means its rejection rate at 1e-3 stays
+    at the level, where Welch-Satterthwaite degrees of freedom rejected 6x as often (20x at
+    1e-4): 4 episodes that agree by chance have a small variance, and that variance also takes the
+    degrees of freedom up to the real side's. A shifted checked side is still found."""
+    from wmcheck.checks.stats import episode_t
+
+    rng = np.random.default_rng(5)
+    gx, gy = np.arange(4), np.arange(27)
+    R, level = 40_000, 1e-3
+    hits = welch_hits = 0
+    for _ in range(R):
+        x, y = rng.normal(size=4), rng.normal(size=27)
+        t, df = episode_t(x, gx, y, gy)
+        hits += 2 * t_sf(abs(t), df) < level
+        a, b = x.var(ddof=1) / 4, y.var(ddof=1) / 27  # Welch's t, what episode_t was
+        tw, dfw = (x.mean() - y.mean()) / np.sqrt(a + b), (a + b) ** 2 / (a**2 / 3 + b**2 / 26)
+        welch_hits += 2 * t_sf(abs(tw), dfw) < level
+    expected = R * level  # 40
+    assert hits <= expected + 3 * np.sqrt(expected), hits  # 59
+    assert welch_hits > 3 * expected, welch_hits  # the test tells the two apart
+    found = sum(
+        2 * t_sf(abs(t), df) < level
+        for t, df in (episode_t(rng.normal(3.0, size=4), gx, rng.normal(size=27), gy) for _ in range(200))
+    )
+    assert found >= 150, found  # a 3-sd shift of 4 episodes: power 0.9 at this level
+    # one checked episode: against a new real episode (the real spread x (1 + 1/k), k - 1 df)
+    y = rng.normal(size=27)
+    t1, df1 = episode_t(np.array([2.0]), np.array([0]), y, gy)
+    assert df1 == 26 and np.isclose(t1, (2.0 - y.mean()) / (y.std(ddof=1) * np.sqrt(1 + 1 / 27)))
+
+
 def test_smoothness_finds_a_simulator_less_surprising_than_reality_and_holds_alpha():
     """The lower tail of KL / NLL: a noise-free simulator's transitions surprise the model less than
     reality's; faithful draws stay below the threshold at about the level."""
