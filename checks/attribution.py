@@ -398,7 +398,7 @@ class Smoothness:
 
 
 def smoothness_evidence(checked: dict, checked_groups, real: dict, real_groups, level: float) -> Smoothness:
-    """The lower tail of the surprise scores (KL(post || prior), one-step NLL): episode-level Welch t
+    """The lower tail of the surprise scores (KL(post || prior), one-step NLL): episode-level t
     (stats.episode_t, KL on a log scale), mapped to the normal scale, Bonferroni over the two at
     `level`. Every divergence test asks "worse than reality?"; a deterministic simulator is better
     than reality on all of them (no sensor noise, no process noise), and this is where it shows."""

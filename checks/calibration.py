@@ -59,7 +59,8 @@ CALIBRATION_VERSION = 11  # 2: per-step errors and controls (regimes); 3: episod
 # 8: the held-out episodes' (conditions, command) pairs (policy_match.py); 9: the divergence score is the
 # share of open-loop cells outside the 90 % interval (scoring.exceedance_share), not the mean z^2;
 # 10: the held-out blocks' open-loop predicted means (the bias test's response cells, bias.py);
-# 11: the real blocks scored with left-out spread scales, and every open-loop draw from its own posterior
+# 11: the real blocks scored with left-out spread scales, every open-loop draw from its own posterior, and
+# the power table's episode t with the pooled variance (stats.episode_t)
 @dataclass
 class Calibration:
     config: CheckConfig

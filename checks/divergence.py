@@ -8,7 +8,7 @@ Owns the array-level builders of `DivergenceEvidence` (evidence.py) from block s
   - per episode: the random-effects prediction test (stats.episode_outlier_p) of its competent
     blocks' scores against a new real episode, for each score (log scale except the NLL), and of
     all its blocks' competence scores;
-  - pooled: Welch's t of the checked vs real episodes' mean (log) scores over all competent blocks
+  - pooled: Student's t (pooled variance) of the checked vs real episodes' mean (log) scores over all competent blocks
     (stats.episode_t_greater); paired instead (each checked block against the held-out real block
     whose logged exogenous inputs it replays, stats.paired_episode_t_greater) when at least half of
     the competent blocks have such a twin in at least two episodes.

@@ -876,4 +876,4 @@ def pooled_description(ev: CheckEvidence) -> str:
             "paired: the checked blocks replay held-out real blocks' logged inputs; each is compared with its "
             f"real twin, episodes as the units ({p.paired_blocks} of {p.competent_blocks} competent blocks paired)"
         )
-    return "unpaired: Welch's t of the checked vs the held-out real episodes' mean (log) scores"
+    return "unpaired: Student's t (pooled variance) of the checked vs the held-out real episodes' mean (log) scores"

@@ -176,7 +176,7 @@ def test_block_mmd_permutes_episodes():
 
 
 def test_episode_level_tests_keep_alpha_and_grow_with_the_gap():
-    """Episodes as units: the pooled Welch t of episode means and the one-episode prediction test
+    """Episodes as units: the pooled t of episode means and the one-episode prediction test
     keep alpha on dependent, right-skewed block scores, and (unlike a rank test of a few episodes,
     which saturates once every checked block beats every real one) give smaller p for larger gaps."""
     rng = np.random.default_rng(7)
