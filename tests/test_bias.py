@@ -67,6 +67,32 @@ def test_one_checked_episode_uses_bonferroni_and_stays_below_the_level():
     assert rate <= level + 3 * (level * (1 - level) / reps) ** 0.5, rate
 
 
+def test_the_bonferroni_branch_holds_its_level_with_few_episodes():
+    """2 checked against 6 real episodes leave 28 splits: too few for a permutation null at the
+    gap tests' levels, so the cells are judged by Bonferroni. The test is the pooled t's (its
+    threshold on the Welch |t| scaled by se_pooled / se_welch): on normal episode means it holds
+    the level, where Welch's own critical values rejected 2.5x as often. The interval stays Welch's."""
+    from wmcheck.checks.bias import _bonferroni
+
+    rng = np.random.default_rng(7)
+    R, level = 20_000, 0.005
+    g, rg = np.repeat(np.arange(2), 1), np.arange(6)
+    fires = welch_fires = 0
+    for _ in range(R):
+        x, y = rng.normal(size=(2, 1)), rng.normal(size=(6, 1))
+        t = bias_test(x, g, y, rg, level, rng)
+        assert t.null == "bonferroni"
+        fires += bool(t.significant[0])
+        welch_fires += bool(abs(t.t[0]) >= _bonferroni(t.df, level)[0])
+    expected = R * level  # 100
+    assert fires <= expected + 3 * np.sqrt(expected), fires
+    assert welch_fires > 1.6 * expected, welch_fires  # the test tells the two forms apart
+    shifted = [bias_test(rng.normal(4.0, size=(2, 1)), g, rng.normal(size=(6, 1)), rg, level, rng) for _ in range(300)]
+    assert np.mean([t.significant[0] for t in shifted]) > 0.5  # a 4-sd bias of 2 episodes is still found
+    lo, hi = shifted[0].interval()[0]
+    assert lo < shifted[0].difference[0] < hi
+
+
 def test_a_bias_confined_to_one_regime_is_found_there_with_its_sign():
     """+1 (in step-noise units) where the control exceeds 0.5, nothing elsewhere: found in most
     checks, and the significant regime cells lie above 0.5 with a positive sign."""
