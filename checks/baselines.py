@@ -184,7 +184,6 @@ class ARXBaseline:
         return (np.array(stats) if stats else np.zeros((0, 2, D))), np.array(groups)
 
     def test(self, checked: list[Episode]) -> BaselineResult:
-
         c, g = self.block_stats(checked)
         if not len(c):
             return BaselineResult(float("nan"), float("nan"))

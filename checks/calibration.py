@@ -40,6 +40,7 @@ from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.checks.policy_match import PolicyPairs, policy_pairs
 from wmcheck.checks.power import PowerSet, halves, injected_power
 from wmcheck.checks.scoring import BlockScores, latent_features, score_blocks, with_spread_scale
+from wmcheck.checks.stats import left_out_quantiles
 from wmcheck.checks.sysid import Reference, reference
 from wmcheck.datasets.atomic import atomic_path, write_text_atomic
 from wmcheck.datasets.errors import UserError
@@ -104,15 +105,7 @@ class Calibration:
     def left_out_support_bounds(self, alpha: float) -> np.ndarray:
         """(n,) per real block, `support_bound` from the steps of the other held-out episodes: the
         bound the block's own episode would meet as a new one (it is not in-sample for it)."""
-        steps, episode = self.real.support_steps, self.real_episode
-        ids = np.unique(episode)
-        if len(ids) < 2:
-            return np.full(len(steps), self.support_bound(alpha))
-        out = np.empty(len(steps))
-        for e in ids:
-            m = episode == e
-            out[m] = np.quantile(steps[~m], 1 - alpha)
-        return out
+        return left_out_quantiles(self.real.support_steps, self.real_episode, 1 - alpha)
 
     def save(self, run_dir: Path) -> None:
         arrays = {

@@ -307,6 +307,20 @@ def episode_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return np.bincount(inv.ravel(), weights=np.asarray(values, float)) / sizes
 
 
+def left_out_quantiles(values: np.ndarray, groups: np.ndarray, q: float) -> np.ndarray:
+    """(n,) per row of values (n, T): the q quantile of the other groups' values (all of them when
+    there is one group). A reference's own rows are then not in-sample for their bound."""
+    values, groups = np.asarray(values, float), np.asarray(groups)
+    ids = np.unique(groups)
+    if len(ids) < 2:
+        return np.full(len(values), float(np.quantile(values, q)))
+    out = np.empty(len(values))
+    for g in ids:
+        m = groups == g
+        out[m] = np.quantile(values[~m], q)
+    return out
+
+
 def log_pair(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """log of positive, right-skewed scores, with a floor 1000x below the smallest positive real value."""
     floor = max(float(np.min(y[y > 0])) if np.any(y > 0) else 1e-12, 1e-12) * 1e-3
@@ -332,26 +346,38 @@ def episode_t(
     level at 1e-4 and 6x at 1e-3; the pooled t is exact at every level (docs/benchmarks.md,
     nineteenth session). Intervals keep Welch's form (`episode_welch`): they are read under the alternative.
     `log`: compare log scores (positive, right-skewed statistics). Returns (t, df); (nan, nan) with
-    fewer than 2 real episodes."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if log:
-        x, y = log_pair(x, y)
-    if len(x) == 0 or len(y) == 0:
+    no checked or fewer than 2 real episodes."""
+    pair = _episode_mean_pair(x, x_groups, y, y_groups, log)
+    if pair is None:
         return float("nan"), float("nan")
-    mx, my = episode_means(x, x_groups), episode_means(y, y_groups)
+    mx, my = pair
     kx, ky = len(mx), len(my)
-    if ky < 2:
-        return float("nan"), float("nan")
     diff = float(mx.mean() - my.mean())
     if kx >= 2:
         pooled = ((kx - 1) * mx.var(ddof=1) + (ky - 1) * my.var(ddof=1)) / (kx + ky - 2)
         se2, df = pooled * (1.0 / kx + 1.0 / ky), float(kx + ky - 2)
     else:
-        se2, df = my.var(ddof=1) * (1.0 + 1.0 / ky), float(ky - 1)
+        se2, df = _against_a_new_episode(my)
     se = math.sqrt(max(se2, 0.0))
     if se <= 0:
         return (math.copysign(float("inf"), diff) if diff else 0.0), df
     return diff / se, df
+
+
+def _episode_mean_pair(x, x_groups, y, y_groups, log: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(checked, real) episode means (on log scores with `log`); None with no checked or fewer than
+    2 real episodes."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if log:
+        x, y = log_pair(x, y)
+    mx, my = episode_means(x, x_groups), episode_means(y, y_groups)
+    return None if len(mx) == 0 or len(my) < 2 else (mx, my)
+
+
+def _against_a_new_episode(my: np.ndarray) -> tuple[float, float]:
+    """(variance, df) of one checked episode's mean minus the real episodes' mean under the null that
+    it is a new real episode: var(real episode means) x (1 + 1/k), k - 1 degrees of freedom."""
+    return float(my.var(ddof=1) * (1.0 + 1.0 / len(my))), float(len(my) - 1)
 
 
 def episode_welch(
@@ -361,21 +387,18 @@ def episode_welch(
     freedom (one checked episode: against a new real episode), for intervals of the difference
     (the tests use `episode_t`'s pooled form). (nan, nan, nan) with no checked or fewer than 2 real
     episodes."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if log:
-        x, y = log_pair(x, y)
-    mx, my = episode_means(x, x_groups), episode_means(y, y_groups)
-    kx, ky = len(mx), len(my)
-    if kx == 0 or ky < 2:
+    pair = _episode_mean_pair(x, x_groups, y, y_groups, log)
+    if pair is None:
         return float("nan"), float("nan"), float("nan")
-    b = my.var(ddof=1) / ky
+    mx, my = pair
+    kx, ky = len(mx), len(my)
     if kx >= 2:
-        a = mx.var(ddof=1) / kx
+        a, b = mx.var(ddof=1) / kx, my.var(ddof=1) / ky
         se2 = a + b
         den = (a**2 / (kx - 1) if a > 0 else 0.0) + b**2 / (ky - 1)
         df = se2**2 / den if den > 0 else float(kx + ky - 2)
     else:
-        se2, df = b * (1 + ky), float(ky - 1)  # var(my) * (1 + 1/ky)
+        se2, df = _against_a_new_episode(my)
     return float(mx.mean() - my.mean()), math.sqrt(max(se2, 0.0)), float(df)
 
 

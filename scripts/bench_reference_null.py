@@ -55,6 +55,7 @@ def main(argv=None) -> dict:
     from wmcheck.checks.drift import episode_features, window_test
     from wmcheck.checks.reality import RealityProfile, record_reality
     from wmcheck.checks.scoring import score_blocks, with_spread_scale
+    from wmcheck.checks.stats import left_out_quantiles
     from wmcheck.datasets.normalize import Normalizer
     from wmcheck.training.conformal import fit_spread_scale, left_out_scales
 
@@ -95,9 +96,7 @@ def main(argv=None) -> dict:
         bound = float(np.quantile(steps, 0.99))
         window = features(new, scale, bound)
         per_block = np.empty(len(ep))  # left-out bounds, indexed by pool block
-        for e in ref:
-            mine = ep[rows] == e
-            per_block[rows[mine]] = np.quantile(steps[~mine], 0.99)
+        per_block[rows] = left_out_quantiles(steps, ep[rows], 0.99)
         ref_feats = {
             "in-sample": features(ref, scale, bound),
             "left out": features(ref, left_out_scales(r, ep[rows]), per_block),  # (n_ref_blocks, H, D) scales
