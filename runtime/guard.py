@@ -11,7 +11,7 @@ step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the gu
      `horizon` steps against the real blocks' quantile. Outside for `enter_steps` consecutive
      steps -> the fallback controller acts; inside again for `exit_steps` consecutive steps -> the
      policy acts again (hysteresis);
-  3. (c) rollback, from two statistics, each tested at `rollback_alpha`:
+  3. (c) rollback, from four statistics, each tested at `rollback_alpha`:
      - one-step: every `rollback_window` steps after the warm-up, the mean one-step NLL of those
        steps gets its conformal p-value against every window of as many consecutive steps in the
        held-out real blocks (`BlockScores.nll_steps`). Under faithful operation a window is
@@ -34,7 +34,12 @@ step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the gu
        over the parameters. The direction a score points is what a gain of 0.3 or a late actuator
        changes most, where the open-loop divergence only sees its size;
      `consecutive` flagged tests in a row of any statistic raise the rollback signal (the
-     `on_rollback` callback, once per episode). Each statistic is tested at `rollback_alpha`.
+     `on_rollback` callback, once per episode). Each statistic is tested at `rollback_alpha`;
+     - deployment (`deployment_episodes`): after every finished episode, the open-loop and
+       corrections' statistics of the last few episodes' blocks, pooled with episodes as the units
+       (runtime/deployment.py), for a gap one episode is too short to show; `consecutive` flagged
+       looks in a row raise the deployment rollback (`Step.deployment_rollback`, the same
+       callback, once per guard);
   4. (a) projects the chosen action into the envelope of the real logs: per-channel bounds (the
      training log's range unless given) and, when given or computed from the training log, a
      rate limit on the per-step change;
@@ -61,6 +66,7 @@ from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.windows import Batch
+from wmcheck.runtime.deployment import DeploymentTest, bonferroni
 
 
 @dataclass
@@ -77,6 +83,7 @@ class GuardConfig:
     samples: int = 8  # latent draws of the one-step predictive mixture: as calibration scored nll_steps
     open_loop: bool = True  # also test each block's open-loop divergence (one block scoring every `horizon` steps)
     corrections: bool = True  # also test each block's latency / actuator scores (checks/sysid.py score test)
+    deployment_episodes: int = 4  # the deployment test pools the last this many finished episodes (0: off)
     seed: int = 0
 
 
@@ -96,6 +103,10 @@ class Step:
     block_p: float | None = None  # the open-loop prediction test's p of a block ending here
     score_p: float | None = None  # the corrections' score test's p of a block ending here (Bonferroni)
     rollback: bool = False
+    # set on an episode's last step: the deployment looks' p (runtime/deployment.py) and their rollback
+    deployment_block_p: float | None = None
+    deployment_score_p: float | None = None
+    deployment_rollback: bool = False
 
 
 @dataclass
@@ -186,6 +197,19 @@ class Guard:
         ref = self.cal.sysid  # the corrections' scores of the same held-out blocks (None: a grid calibration)
         self.corrections = self.cfg.corrections and ref is not None and ref.scores.shape[1] > 0
         self.real_scores = (ref.scores, groups) if self.corrections else None
+        self.deployment = None
+        if self.cfg.deployment_episodes and (self.open_loop or self.corrections):
+            self.deployment = DeploymentTest(
+                self.cfg.deployment_episodes,
+                self.cal.real.divergence if self.open_loop else None,
+                ref.scores if self.corrections else None,
+                groups,
+            )
+        self.deployment_runs = [0, 0]  # flagged looks in a row: open loop, corrections
+        self.deployment_rolled_back = False
+        self.first_deployment_rollback: int | None = None  # the finished episode whose look raised it
+        self.episodes_done = 0
+        self._ended = True  # no episode open
         self.decisions: list[Step] = []
         self._episodes: list[dict] = []
         torch.manual_seed(self.cfg.seed)
@@ -199,7 +223,9 @@ class Guard:
     # ------------------------------------------------------------------ episode
     def reset(self, obs) -> None:
         """Start an episode at observation `obs` (physical units)."""
+        self._end_episode()
         self._close_episode()
+        self._ended = False
         self.state = None
         self.t = 0
         self.prev_applied = None
@@ -345,13 +371,35 @@ class Guard:
         for j in range(x.shape[1]):
             upper = episode_outlier_p(x[:, j], real[:, j], groups, log=False)
             ps.append(2 * min(upper, 1 - upper))
-        return float(min(1.0, len(ps) * np.nanmin(ps))) if np.isfinite(ps).any() else float("nan")
+        return bonferroni(ps)
 
     def finish(self, obs) -> None:
         """The episode's final observation (after its last action), for the log; `GuardedEnv` calls
         it when the env terminates or truncates."""
         if len(self._obs) == len(self._acts):
             self._obs.append(np.asarray(obs, np.float32))
+        self._end_episode()
+
+    def _end_episode(self) -> None:
+        """Once per episode: hand its blocks to the deployment test and record its look on the
+        episode's last step (`consecutive` flagged looks in a row raise the deployment rollback)."""
+        if self._ended:
+            return
+        self._ended = True
+        self.episodes_done += 1
+        if self.deployment is None or not self.decisions:
+            return
+        looks = self.deployment.add(self.episode_div, self.episode_scores)
+        step = self.decisions[-1]
+        step.deployment_block_p, step.deployment_score_p = looks
+        for i, p in enumerate(looks):
+            if p is not None:
+                self.deployment_runs[i] = self.deployment_runs[i] + 1 if p <= self.cfg.rollback_alpha else 0
+        if max(self.deployment_runs) >= self.cfg.consecutive and not self.deployment_rolled_back:
+            self.deployment_rolled_back = step.deployment_rollback = True
+            self.first_deployment_rollback = self.episodes_done
+            if self.on_rollback is not None:
+                self.on_rollback(step)
 
     # ------------------------------------------------------------------ log
     def _close_episode(self) -> None:
@@ -398,6 +446,8 @@ class Guard:
             "rollbacks": sum(s.rollback for s in d),
             "first_fallback": next((s.t for s in d if s.controller == "fallback"), None),
             "first_rollback": next((s.t for s in d if s.rollback), None),
+            "episodes": self.episodes_done,
+            "deployment_rollback_episode": self.first_deployment_rollback,
         }
 
 

@@ -12,7 +12,11 @@ scores one block every `horizon` steps, which the mean counts and the median mos
 `--compare` runs every reality three times in the same run: with every test, without the
 corrections' score test (GuardConfig.corrections), and without it and the open-loop test
 (GuardConfig.open_loop), so that each test's cost and what it catches are measured side by side.
-The last column counts the blocks each statistic flagged (one-step windows / open loop / scores).
+The next column counts the blocks each statistic flagged (one-step windows / open loop / scores).
+The last is the deployment test (runtime/deployment.py: the last `deployment_episodes` episodes'
+blocks pooled, one look after each episode): the episode whose look raised its rollback, and the
+looks flagged by the open-loop / the corrections' statistic. The worst step is a block's end, so
+the 99th percentile and the largest step time are printed too: a control loop's deadline meets them.
 """
 
 from __future__ import annotations
@@ -54,8 +58,9 @@ def main(argv=None) -> None:
     from wmcheck.runtime.guard import Guard, GuardConfig
 
     print(
-        f"{'reality':<24} {'tests':>11} {'ms/step':>8} {'mean ms':>8} {'fallback':>9} {'rollbacks':>10} "
-        "first rollback steps; flagged window / block / score tests"
+        f"{'reality':<24} {'tests':>11} {'ms/step':>8} {'mean ms':>8} {'p99 ms':>7} {'max ms':>7} "
+        f"{'fallback':>9} {'rollbacks':>10} first rollback steps; flagged window / block / score tests; "
+        "deployment rollback episode (flagged looks)"
     )
     settings = [(True, True), (True, False), (False, False)] if args.compare else [(True, True)]
     for name, kw in REALITIES.items():
@@ -86,11 +91,19 @@ def main(argv=None) -> None:
                 sum(1 for d in guard.decisions if getattr(d, f) is not None and getattr(d, f) <= alpha)
                 for f in ("window_p", "block_p", "score_p")
             ]
+            guard.reset(obs)  # ends the last episode: its deployment look
+            looks = [
+                sum(1 for d in guard.decisions if getattr(d, f) is not None and getattr(d, f) <= alpha)
+                for f in ("deployment_block_p", "deployment_score_p")
+            ]
             tests = "all" if corrections else ("no scores" if open_loop else "one-step")
+            ms = 1e3 * np.asarray(times)
             print(
-                f"{name:<24} {tests:>11} {1e3 * np.median(times):>8.2f} "
-                f"{1e3 * np.mean(times):>8.2f} {s['fallback_steps'] / s['steps']:>9.1%} "
-                f"{len(hit):>4} of {args.episodes:<3} {hit}; {' / '.join(map(str, flagged))}"
+                f"{name:<24} {tests:>11} {np.median(ms):>8.2f} {ms.mean():>8.2f} {np.quantile(ms, 0.99):>7.1f} "
+                f"{ms.max():>7.1f} {s['fallback_steps'] / s['steps']:>9.1%} "
+                f"{len(hit):>4} of {args.episodes:<3} {hit}; {' / '.join(map(str, flagged))}; "
+                f"{guard.summary()['deployment_rollback_episode']} ({' / '.join(map(str, looks))})",
+                flush=True,
             )
 
 

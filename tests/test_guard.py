@@ -78,7 +78,7 @@ def test_a_sensor_drift_rolls_back_within_100_steps(faults):
     """A 0.02 rad/s per step drift of theta_dot: rolled back in every episode, by step 100 (2 rad/s)."""
     _, runs = faults
     _, eps, rollbacks = runs["sensor_drift"]
-    assert len(rollbacks) == len(eps)
+    assert sum(r.rollback for r in rollbacks) == len(eps)  # once per episode (and the deployment's, below)
     assert all(e["rollback"] is not None and e["rollback"] <= 100 for e in eps), eps
 
 
@@ -111,6 +111,25 @@ def test_latency_and_a_weak_actuator_show_in_the_corrections_score_test(faults):
     assert sum(q <= 0.01 for q in p["faithful"]) <= 2  # about 0.01 x 18 expected at the rollback level
     quiet = run(runs["faithful"][0].run_dir, RealityProfile(latency_steps=3), 1, 300, corrections=False)[0]
     assert all(s.score_p is None for s in quiet.decisions)  # GuardConfig.corrections turns it off
+
+
+def test_a_weak_actuator_rolls_back_the_deployment_within_three_episodes(faults):
+    """One episode's 3 blocks cannot show a gain of 0.3 on this model (the check's own power table
+    gives an actuator gain 0 power in 3 blocks), but the deployment test pools the last 4 finished
+    episodes: its looks after episodes 2 and 3 are flagged, and the rollback comes with the third.
+    The faithful runs' 5 looks are not flagged; a guard without the test makes no look."""
+    _, runs = faults
+    guard, _, rollbacks = runs["weak_actuator"]
+    assert guard.summary()["deployment_rollback_episode"] <= 3, guard.summary()
+    assert [r.t for r in rollbacks if r.deployment_rollback] == [STEPS - 1]  # once, on an episode's last step
+    looks = [s for s in guard.decisions if s.deployment_score_p is not None]
+    assert len(looks) == 3 and all(s.t == STEPS - 1 for s in looks)  # after episodes 2, 3 and 4
+    faithful = runs["faithful"][0]
+    ps = [(s.deployment_block_p, s.deployment_score_p) for s in faithful.decisions if s.deployment_block_p is not None]
+    assert len(ps) == 5 and min(min(p) for p in ps) > 0.01, ps
+    assert faithful.summary()["deployment_rollback_episode"] is None
+    off = run(faithful.run_dir, RealityProfile(actuator_gain=0.3), 3, 500, deployment_episodes=0)[0]
+    assert all(s.deployment_block_p is None and not s.deployment_rollback for s in off.decisions)
 
 
 def test_the_open_loop_test_scores_the_blocks_the_check_would(faults, tmp_path):
