@@ -301,7 +301,7 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
     applied: list[str] = []
     blocks = ctx.blocks
     if f is not None:
-        H, ok = sysid.hessian(ctx.model, data, layout, f, lo, hi, cfg.context, H_)
+        H, ok, hessian_evaluations = sysid.hessian(ctx.model, data, layout, f, lo, hi, cfg.context, H_)
         cov = sysid.sandwich(H, f.at_fit.grad[:, f.free], groups)
 
         def t_of(j):
@@ -312,7 +312,7 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
             return 0.0
 
         est, pairs, rel, total = sysid.estimates(f, layout, cov, cal.sysid, H, cal.real_episode, names, astd, t_of)
-        result = sysid.SysidResult(layout, f, est, pairs, ok, evaluations + len(f.free) + 1, rel, total)
+        result = sysid.SysidResult(layout, f, est, pairs, ok, evaluations + hessian_evaluations, rel, total)
         supported = {gap for gap in fired if result.support(layout.columns(gap)) >= 1.0}
         kept = applied_columns(layout, supported)
         if kept:

@@ -605,10 +605,11 @@ def cluster_score_cov(grad: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
 def hessian(
     model, data: FitData, layout: Layout, f: Fit, lo, hi, context: int, horizon: int
-) -> tuple[np.ndarray, bool]:
+) -> tuple[np.ndarray, bool, int]:
     """(k, k) Hessian of the mean J at the fit over its free parameters, by forward differences of
-    the mean gradient (k + 1 evaluations in batched passes), symmetrised, plus the ridge; and whether it is positive
-    definite (a minimum; otherwise its eigenvalues are floored, and the interval is approximate)."""
+    the mean gradient, symmetrised, plus the ridge; whether it is positive definite (a minimum;
+    otherwise its eigenvalues are floored, and the interval is approximate); and the objective
+    evaluations it took (k + 1, in batched passes)."""
     k = len(f.free)
     steps = np.array([FD_STEP if f.theta[j] + FD_STEP <= hi[j] else -FD_STEP for j in f.free])
     th = np.repeat(f.theta[None], k + 1, 0)  # row 0: the fit itself, in the same batched pass as the steps
@@ -616,7 +617,7 @@ def hessian(
     evs = evaluate_many(model, data, th, layout, context, horizon)
     g = np.stack([e.grad.mean(0)[f.free] for e in evs])  # (k + 1, k)
     H = ((g[1:] - g[0]) / steps[:, None]).T  # column j: the change of the gradient along parameter j
-    return floored(H)
+    return (*floored(H), len(th))
 
 
 def floored(H: np.ndarray) -> tuple[np.ndarray, bool]:

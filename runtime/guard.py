@@ -45,7 +45,12 @@ step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the gu
      rate limit on the per-step change;
   5. records the step (`decisions`), and `write_log` saves the applied trajectory as a wmcheck log
      (source "policy": it can be checked and monitored) and the decisions beside it (JSON).
-Only CPU torch in inference mode; `scripts/bench_guard.py` measures the per-step overhead.
+The open-loop and corrections' statistics of a block take 100-200 ms on a 2-core CPU (the
+one-step filter about 1.5 ms). With `block_worker` they are computed in a second process
+(runtime/block_worker.py) and `act` does not wait for them: a block's p-values are still
+recorded on the step it ended at, but decided (and a rollback raised) at the first step after
+its result arrives (`Step.decided_t`); the episode's end waits for the last ones. Call `close()` (or `GuardedEnv.close()`) to stop the worker.
+Only CPU torch; `scripts/bench_guard.py` measures the per-step overhead.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from wmcheck.datasets.atomic import write_text_atomic
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.windows import Batch
+from wmcheck.runtime.block_worker import BlockWorker, block_statistics
 from wmcheck.runtime.deployment import DeploymentTest, bonferroni
 
 
@@ -84,6 +90,7 @@ class GuardConfig:
     open_loop: bool = True  # also test each block's open-loop divergence (one block scoring every `horizon` steps)
     corrections: bool = True  # also test each block's latency / actuator scores (checks/sysid.py score test)
     deployment_episodes: int = 4  # the deployment test pools the last this many finished episodes (0: off)
+    block_worker: bool = False  # score blocks in a second process (runtime/block_worker.py): act() does not wait
     seed: int = 0
 
 
@@ -102,6 +109,7 @@ class Step:
     window_p: float | None = None  # the conformal p of a window ending here
     block_p: float | None = None  # the open-loop prediction test's p of a block ending here
     score_p: float | None = None  # the corrections' score test's p of a block ending here (Bonferroni)
+    decided_t: int | None = None  # the step at which this block's tests were decided (later with the block worker)
     rollback: bool = False
     # set on an episode's last step: the deployment looks' p (runtime/deployment.py) and their rollback
     deployment_block_p: float | None = None
@@ -210,6 +218,9 @@ class Guard:
         self.first_deployment_rollback: int | None = None  # the finished episode whose look raised it
         self.episodes_done = 0
         self._ended = True  # no episode open
+        self.worker = None
+        if self.cfg.block_worker and (self.open_loop or self.corrections):
+            self.worker = BlockWorker(self.run_dir, self.cfg.seed, self.open_loop, self.corrections)
         self.decisions: list[Step] = []
         self._episodes: list[dict] = []
         torch.manual_seed(self.cfg.seed)
@@ -226,6 +237,7 @@ class Guard:
         self._end_episode()
         self._close_episode()
         self._ended = False
+        self._episode_start = len(self.decisions)  # decisions[_episode_start + t] is step t
         self.state = None
         self.t = 0
         self.prev_applied = None
@@ -291,6 +303,7 @@ class Guard:
             self.last_nll,
             projected,
         )
+        self._collect(step, wait=False)
         self._rollback_check(step)
         self.decisions.append(step)
         self.prev_applied = applied
@@ -318,8 +331,9 @@ class Guard:
                 self.mode = "fallback"
 
     def _rollback_check(self, step: Step) -> None:
-        """The one-step windows' and the open-loop blocks' tests that end at this step;
-        `consecutive` flagged tests in a row of either roll back."""
+        """The one-step window's test that ends at this step, and the block statistics of a block
+        that ends here (computed now, or handed to the block worker); `consecutive` flagged tests
+        in a row of any statistic roll back."""
         if self.t < self.context:
             return
         self.nll_window.append(self.last_nll)
@@ -329,42 +343,48 @@ class Guard:
         length = self.context + self.window
         block_ends = self.t + 1 >= length and (self.t + 1 - length) % self.window == 0
         if block_ends and (self.open_loop or self.corrections):
-            blocks, episode = self._latest_block(length)
-            if self.open_loop:
-                step.block_p = self._block_p(blocks)
-                self.block_run = self.block_run + 1 if step.block_p <= self.cfg.rollback_alpha else 0
-            if self.corrections:
-                step.score_p = self._score_p(blocks, episode)
-                self.score_run = self.score_run + 1 if step.score_p <= self.cfg.rollback_alpha else 0
+            obs, acts = (
+                np.array(self._obs[-length:]),
+                np.array(self._acts[-(length - 1) :]),
+            )  # this step's action is not applied yet
+            if self.worker is not None:
+                self.worker.submit(self.t, obs, acts)
+            else:
+                stats = block_statistics(
+                    self.model, self.cal, self.norm, obs, acts, self.open_loop, self.corrections, self.cfg.seed
+                )
+                self._apply_block(step, self.t, *stats)
+        self._roll_back_if_flagged(step)
+
+    def _apply_block(self, step: Step, now: int, div: float | None, grad: np.ndarray | None) -> None:
+        """Test the episode's blocks so far, with the block that ended at `step` added; the
+        p-values go on that step, decided at step `now` (the same step in-process)."""
+        step.decided_t = now
+        if div is not None:
+            self.episode_div.append(div)
+            step.block_p = episode_outlier_p(np.array(self.episode_div), *self.real_div, log=True)
+            self.block_run = self.block_run + 1 if step.block_p <= self.cfg.rollback_alpha else 0
+        if grad is not None:
+            self.episode_scores.append(grad)
+            step.score_p = self._score_p()
+            self.score_run = self.score_run + 1 if step.score_p <= self.cfg.rollback_alpha else 0
+
+    def _roll_back_if_flagged(self, step: Step) -> None:
         if max(self.flagged_run, self.block_run, self.score_run) >= self.cfg.consecutive and not self.rolled_back:
             self.rolled_back = step.rollback = True
             if self.on_rollback is not None:
                 self.on_rollback(step)
 
-    def _latest_block(self, length: int):
-        """The block of the last `length` observations and the actions applied between them (this
-        step's action is not applied yet), and the one-block episode it is cut from."""
-        from wmcheck.checks.blocks import make_blocks
-        from wmcheck.datasets.episode import Episode
+    def _collect(self, step: Step, wait: bool) -> None:
+        """Apply the block worker's results that have arrived (all of them with `wait`) to `step`."""
+        if self.worker is None:
+            return
+        for block_t, stats in self.worker.drain() if wait else self.worker.poll():
+            self._apply_block(self.decisions[self._episode_start + block_t], step.t, *stats)
 
-        ep = Episode(np.array(self._obs[-length:]), np.array(self._acts[-(length - 1) :]), id=0)
-        return make_blocks([ep], self.norm, self.context, self.window), ep
-
-    def _block_p(self, blocks) -> float:
-        """The open-loop prediction test of the episode's blocks so far."""
-        div = self.cal.score(self.model, blocks, self.cfg.seed).divergence  # (1,)
-        self.episode_div.append(float(div[0]))
-        return episode_outlier_p(np.array(self.episode_div), *self.real_div, log=True)
-
-    def _score_p(self, blocks, episode) -> float:
+    def _score_p(self) -> float:
         """The corrections' score test of the episode's blocks so far: per parameter a two-sided
         one-episode prediction test against the real blocks' scores, Bonferroni over parameters."""
-        from wmcheck.checks import sysid
-
-        layout = self.cal.sysid.layout
-        data = sysid.FitData.of([episode], blocks, self.norm, layout)
-        ev = sysid.evaluate(self.model, data, np.zeros(len(layout)), layout, self.context, sysid.ATTRIBUTION_HORIZON)
-        self.episode_scores.append(ev.grad[0])
         x = np.array(self.episode_scores)  # (blocks so far, p)
         real, groups = self.real_scores
         ps = []
@@ -372,6 +392,12 @@ class Guard:
             upper = episode_outlier_p(x[:, j], real[:, j], groups, log=False)
             ps.append(2 * min(upper, 1 - upper))
         return bonferroni(ps)
+
+    def close(self) -> None:
+        """Stop the block worker (GuardConfig.block_worker); the guard can no longer score blocks."""
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
     def finish(self, obs) -> None:
         """The episode's final observation (after its last action), for the log; `GuardedEnv` calls
@@ -387,10 +413,14 @@ class Guard:
             return
         self._ended = True
         self.episodes_done += 1
-        if self.deployment is None or not self.decisions:
+        if not self.decisions:
+            return
+        step = self.decisions[-1]
+        self._collect(step, wait=True)  # the episode's last blocks, before its deployment look
+        self._roll_back_if_flagged(step)
+        if self.deployment is None:
             return
         looks = self.deployment.add(self.episode_div, self.episode_scores)
-        step = self.decisions[-1]
         step.deployment_block_p, step.deployment_score_p = looks
         for i, p in enumerate(looks):
             if p is not None:
@@ -465,6 +495,10 @@ class GuardedEnv(gym.Wrapper):
         self.guard.reset(obs)
         self._obs = obs
         return obs, info
+
+    def close(self):
+        self.guard.close()
+        return super().close()
 
     def step(self, action):
         applied = self.guard.act(self._obs, action)

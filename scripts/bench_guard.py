@@ -1,6 +1,7 @@
 """Per-step overhead of the runtime guard (runtime/guard.py) on CPU, and what it does under faults.
 
     python -m wmcheck.scripts.bench_guard --run RUNDIR [--episodes 4] [--steps 200] [--threads 1] [--compare]
+        [--block-worker --period-ms 10] [--realities faithful,...]
 
 RUNDIR is a trained and calibrated Pendulum-v1 run (e.g. the tests' recipe: 40 episodes of hold:5
 torques, the `debug` preset). For each reality (faithful, a theta_dot sensor drift, a 3-step
@@ -17,6 +18,9 @@ The last is the deployment test (runtime/deployment.py: the last `deployment_epi
 blocks pooled, one look after each episode): the episode whose look raised its rollback, and the
 looks flagged by the open-loop / the corrections' statistic. The worst step is a block's end, so
 the 99th percentile and the largest step time are printed too: a control loop's deadline meets them.
+`--block-worker` scores the blocks in a second process (GuardConfig.block_worker). The worker
+needs the time between steps that a real control loop has: `--period-ms` paces each step to that
+period (the time of `act` is still what is measured; the episode's end waits for its last blocks).
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ def main(argv=None) -> None:
         action="store_true",
         help="also run without the corrections' score test, and without it and the open-loop test",
     )
+    p.add_argument("--block-worker", action="store_true", help="score blocks in a second process")
+    p.add_argument("--period-ms", type=float, default=0.0, help="pace every step to this control period")
+    p.add_argument("--realities", default=",".join(REALITIES), help="comma-separated names of REALITIES")
     args = p.parse_args(argv)
 
     import torch
@@ -63,9 +70,12 @@ def main(argv=None) -> None:
         "deployment rollback episode (flagged looks)"
     )
     settings = [(True, True), (True, False), (False, False)] if args.compare else [(True, True)]
-    for name, kw in REALITIES.items():
+    for name in args.realities.split(","):
+        kw = REALITIES[name]
         for open_loop, corrections in settings:
-            cfg = GuardConfig(samples=args.samples, open_loop=open_loop, corrections=corrections)
+            cfg = GuardConfig(
+                samples=args.samples, open_loop=open_loop, corrections=corrections, block_worker=args.block_worker
+            )
             guard = Guard(args.run, fallback=lambda obs: np.zeros(1), config=cfg)
             env = make_reality_env("Pendulum-v1", RealityProfile(**kw).to_dict())
             times, firsts = [], []
@@ -81,7 +91,10 @@ def main(argv=None) -> None:
                     t0 = time.perf_counter()
                     applied = guard.act(obs, a)
                     times.append(time.perf_counter() - t0)
+                    while time.perf_counter() < t0 + args.period_ms / 1e3:
+                        pass  # a spin, not a sleep: on this VM a sleep costs the next step ~2 ms of wake-up
                     obs, *_ = env.step(applied)
+                guard.finish(obs)  # ends the episode: its last blocks' tests and its deployment look
                 firsts.append(next((s.t for s in guard.decisions[start:] if s.rollback), None))
             env.close()
             s = guard.summary()
@@ -91,7 +104,7 @@ def main(argv=None) -> None:
                 sum(1 for d in guard.decisions if getattr(d, f) is not None and getattr(d, f) <= alpha)
                 for f in ("window_p", "block_p", "score_p")
             ]
-            guard.reset(obs)  # ends the last episode: its deployment look
+            guard.close()
             looks = [
                 sum(1 for d in guard.decisions if getattr(d, f) is not None and getattr(d, f) <= alpha)
                 for f in ("deployment_block_p", "deployment_score_p")

@@ -200,6 +200,25 @@ def test_the_vectorised_welch_is_the_scalar_one(n_checked):
         assert np.isclose(t[c], d / s) and np.isclose(se[c], s) and np.isclose(df[c], f), (c, t[c], d / s, df[c], f)
 
 
+@pytest.mark.parametrize("n_checked", [2, 4])
+def test_the_vectorised_pooled_se_is_the_scalar_pooled_t(n_checked):
+    """bias.pooled_se (the Bonferroni branch's standard error, all cells at once) and
+    stats.episode_t (one comparison) are the pooled t written twice: the difference over the
+    pooled standard error, and the degrees of freedom, must agree cell by cell."""
+    from wmcheck.checks.bias import _Moments, episode_cell_means, pooled_se
+    from wmcheck.checks.stats import episode_t
+
+    rng = np.random.default_rng(10)
+    gx, gy = np.repeat(np.arange(n_checked), 3), np.repeat(np.arange(7), 3)
+    x, y = rng.normal(0.5, 2, (len(gx), 4)), rng.normal(0, 1, (len(gy), 4))  # unequal variances: pooled != Welch
+    mx, my = episode_cell_means(x, gx), episode_cell_means(y, gy)
+    se, df = (a[0] for a in pooled_se(_Moments.of(np.ones((1, len(mx))), mx), _Moments.of(np.ones((1, len(my))), my)))
+    for c in range(4):
+        t, f = episode_t(x[:, c], gx, y[:, c], gy)
+        d = x[:, c].mean() - y[:, c].mean()  # equal blocks per episode: the mean of episode means
+        assert np.isclose(d / se[c], t) and np.isclose(df[c], f), (c, d / se[c], t, df[c], f)
+
+
 # ----------------------------------------------------------------------------- response cells, min-p
 def _responding(rng, n_ep: int, slope: float = 0.0, blocks: int = 3, ep_sd: float = 0.5):
     """Block errors, predictions (n, H, D), episodes and one control: the prediction swings around an

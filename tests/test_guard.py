@@ -204,3 +204,39 @@ def test_decisions_are_a_log_wmcheck_reads(faults, tmp_path):
     assert len(decisions) == 2 * STEPS
     assert {"controller", "support", "window_p", "block_p", "rollback"} <= set(decisions[0])
     assert np.allclose(episodes[0].actions[:, 0], [d["applied"][0] for d in decisions[:STEPS]])
+
+
+def test_the_block_worker_gives_the_same_tests_off_the_control_path(faults):
+    """GuardConfig.block_worker: the blocks are scored in a second process. The actions, and so the
+    blocks, are those of the in-process run, and every test comes out the same (block scoring
+    forks torch's generator, so the one-step filter's draws do not depend on where blocks are
+    scored); a block's tests are recorded on the step it ended at, decided at a later step
+    (`decided_t`), and the episode's end waits for the last ones."""
+    run_dir, runs = faults
+    sync = runs["weak_actuator"][0]
+    guard, eps, _ = run(run_dir, RealityProfile(actuator_gain=0.3), 4, 500, block_worker=True)
+    assert guard.worker is None  # GuardedEnv.close() stopped it
+    try:
+        assert [s.applied for s in guard.decisions] == [s.applied for s in sync.decisions]
+        for field in ("window_p", "block_p", "score_p", "deployment_block_p", "deployment_score_p"):
+            got, want = ([getattr(s, field) for s in g.decisions] for g in (guard, sync))
+            assert [p is None for p in got] == [p is None for p in want], field
+            assert np.allclose([p for p in got if p is not None], [p for p in want if p is not None]), field
+        tests = [s for s in guard.decisions if s.block_p is not None]
+        assert len(tests) == 4 * 3 and all(s.decided_t > s.t for s in tests)  # never in the block's own step
+        assert all(s.decided_t == s.t for s in sync.decisions if s.block_p is not None)
+        assert guard.summary()["deployment_rollback_episode"] == sync.summary()["deployment_rollback_episode"]
+    finally:
+        guard.close()
+
+
+def test_a_block_worker_that_cannot_load_its_run_says_so(tmp_path):
+    from wmcheck.runtime.block_worker import BlockWorker
+
+    worker = BlockWorker(tmp_path / "missing", 0, True, True)
+    try:
+        worker.submit(63, np.zeros((64, 3)), np.zeros((63, 1)))
+        with pytest.raises(RuntimeError, match="block worker failed"):
+            worker.drain(timeout=300)
+    finally:
+        worker.close()

@@ -228,7 +228,8 @@ def test_batched_evaluations_are_the_one_at_a_time_ones():
     lo, hi = np.full(len(layout), -3.0), np.full(len(layout), 3.0)
     hi[0] = thetas[1, 0] + 0.01  # no room for a forward step: that column steps backward
     f = sysid.Fit(thetas[1], np.arange(len(layout)), 0.0, 0.0, one[1], 1, np.zeros(len(layout), bool))
-    H, ok = sysid.hessian(model, data, layout, f, lo, hi, 8, 4)
+    H, ok, evaluations = sysid.hessian(model, data, layout, f, lo, hi, 8, 4)
+    assert evaluations == len(layout) + 1  # the fit's point and one step per free parameter
     raw = np.zeros((len(layout), len(layout)))
     for j in range(len(layout)):  # the forward differences one evaluation at a time
         step = -sysid.FD_STEP if j == 0 else sysid.FD_STEP
