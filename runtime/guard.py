@@ -49,7 +49,8 @@ The open-loop and corrections' statistics of a block take 100-200 ms on a 2-core
 one-step filter about 1.5 ms). With `block_worker` they are computed in a second process
 (runtime/block_worker.py) and `act` does not wait for them: a block's p-values are still
 recorded on the step it ended at, but decided (and a rollback raised) at the first step after
-its result arrives (`Step.decided_t`); the episode's end waits for the last ones. Call `close()` (or `GuardedEnv.close()`) to stop the worker.
+its result arrives (`Step.decided_t`); the episode's end waits for the last ones. Call
+`close()` (or `GuardedEnv.close()`) to stop the worker.
 Only CPU torch; `scripts/bench_guard.py` measures the per-step overhead.
 """
 
@@ -413,7 +414,7 @@ class Guard:
             return
         self._ended = True
         self.episodes_done += 1
-        if not self.decisions:
+        if len(self.decisions) <= self._episode_start:  # no step in this episode: nothing to look at
             return
         step = self.decisions[-1]
         self._collect(step, wait=True)  # the episode's last blocks, before its deployment look

@@ -83,3 +83,23 @@ def test_a_look_needs_two_episodes_and_keeps_only_the_last_ones():
 def test_bonferroni():
     assert bonferroni([0.01, 0.5]) == 0.02 and bonferroni([0.6, 0.9]) == 1.0
     assert bonferroni([float("nan"), 0.1]) == 0.2 and np.isnan(bonferroni([float("nan")]))
+
+
+def test_an_episode_without_steps_leaves_the_last_look_alone(pendulum_checked):
+    """A reset straight after another (no step in between) ends an empty episode: it must not
+    overwrite the previous episode's deployment look on its last step."""
+    from wmcheck.runtime.guard import Guard
+
+    guard = Guard(pendulum_checked[0])
+    obs = np.array([1.0, 0.0, 0.0], np.float32)
+    for _ in range(2):
+        guard.reset(obs)
+        for _ in range(64):
+            guard.act(obs, np.zeros(1))
+    guard.reset(obs)  # ends episode 2: its look
+    look = (guard.decisions[-1].deployment_block_p, guard.decisions[-1].deployment_score_p)
+    assert look[0] is not None and look[1] is not None
+    guard.reset(obs)  # an empty episode
+    guard.finish(obs)
+    assert (guard.decisions[-1].deployment_block_p, guard.decisions[-1].deployment_score_p) == look
+    assert guard.episodes_done == 4 and len(guard.deployment.recent) == 2
