@@ -104,12 +104,38 @@ def latent_features(model, blocks: Blocks, chunk: int = 64) -> np.ndarray:
     return np.concatenate(out)
 
 
+NN_CANDIDATES = 4  # few queries: the nearest candidates by the matrix-product distance, re-measured exactly
+
+
 def support_distance(feats: np.ndarray, reference: np.ndarray, scale: float) -> np.ndarray:
-    """Nearest-neighbour distance of each feature (..., F) to the reference set (M, F) / scale."""
-    flat = torch.from_numpy(feats.reshape(-1, feats.shape[-1])).float()
-    ref = torch.from_numpy(reference).float()
-    d = torch.cdist(flat, ref).min(1).values.numpy()
+    """Nearest-neighbour distance of each feature (..., F) to the reference set (M, F) / scale.
+
+    The squared distances come from one matrix product (|x|^2 - 2 x.r + |r|^2), which loses a
+    little to cancellation; the nearest by it (for a few queries the NN_CANDIDATES nearest) are
+    re-measured as |x - r|, so a query that is a reference point gets 0 (torch.cdist gave up to
+    0.003 at 2,048 x 512, where the median distance is 1.1). For one query (the runtime guard, every
+    step) this is 4x faster than torch.cdist, which has a fixed cost of about 0.5 ms at 2,048 x 512."""
+    flat = torch.from_numpy(np.ascontiguousarray(feats.reshape(-1, feats.shape[-1]), np.float32))
+    ref, ref_sq = _reference_tensors(reference)
+    d2 = ref_sq - 2.0 * flat @ ref.T + (flat * flat).sum(1, keepdim=True)  # (N, M)
+    if len(flat) <= 64:  # (the guard's one query) a few candidates cost nothing
+        idx = d2.topk(min(NN_CANDIDATES, ref.shape[0]), dim=1, largest=False).indices  # (N, k)
+    else:  # a batch: the nearest by the product only (a top-k over (N, M) would cost 1.3x)
+        idx = d2.argmin(1, keepdim=True)  # (N, 1)
+    d = (flat[:, None, :] - ref[idx]).norm(dim=-1).min(1).values.numpy()  # (N,)
     return (d / max(scale, 1e-12)).reshape(feats.shape[:-1])
+
+
+_LAST_REFERENCE: list = [None, None, None]  # [array, (M, F) tensor, (M,) squared norms]: the last one used
+
+
+def _reference_tensors(reference: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference set as a float32 tensor and its squared norms, kept for the array last
+    passed (the guard passes the calibration's one array every step; it is never changed in place)."""
+    if _LAST_REFERENCE[0] is not reference:
+        ref = torch.from_numpy(np.ascontiguousarray(reference, np.float32))
+        _LAST_REFERENCE[:] = [reference, ref, (ref * ref).sum(1)]
+    return _LAST_REFERENCE[1], _LAST_REFERENCE[2]
 
 
 def _ac1(x: np.ndarray) -> np.ndarray:

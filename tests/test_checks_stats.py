@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from wmcheck.checks.attribution import evaluate_search, separate_top
 from wmcheck.checks.stats import (
@@ -334,3 +335,21 @@ def test_rank_permutation_with_few_real_blocks_against_many_checked():
     assert 0.35 < np.mean(ps) < 0.65 and np.mean(np.array(ps) < 0.1) < 0.18
     assert mann_whitney_greater(x + 2.0, y, rng) < 0.01
     assert mann_whitney_greater(x - 2.0, y, rng) > 0.9
+
+
+@pytest.mark.parametrize("queries", [1, 40, 300])
+def test_support_distance_is_the_exact_nearest_neighbour_distance(queries):
+    """scoring.support_distance (a matrix product, then the nearest candidates re-measured): the
+    float64 brute-force nearest-neighbour distance, for one query (the guard), a few and a batch;
+    a query that is a reference point is at 0."""
+    from wmcheck.checks.scoring import support_distance
+
+    rng = np.random.default_rng(queries)
+    ref = (rng.normal(0, 1, (500, 64)) + 30.0).astype(np.float32)  # large norms: the product's cancellation
+    q = (ref[rng.integers(0, 500, queries)] + rng.normal(0, 0.3, (queries, 64))).astype(np.float32)
+    q[0] = ref[7]
+    want = np.sqrt(((q[:, None, :].astype(float) - ref[None].astype(float)) ** 2).sum(-1)).min(1) / 2.0
+    got = support_distance(q.reshape(1, queries, 64), ref, 2.0)
+    assert got.shape == (1, queries)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+    assert got[0, 0] == 0.0
