@@ -7,14 +7,14 @@ in `wmcheck.checks.reality_wrappers`.
 
 Wrapper order (inside out), as in a real control loop:
 
-    base env <- PhysicsGap <- ActuatorGap <- ActionLatency <- SensorGap <- VisualGap <- policy
-                  dynamics     command->effect   transport delay   observation path  camera frames
+    base env <- PhysicsGap <- StartState <- TerminationGap <- ActuatorGap <- ActionLatency <- SensorGap <- VisualGap
+                  dynamics    initial state   extra endings     command->effect  transport delay  observation path camera
 
 A command waits `latency_steps` in the FIFO, then the actuator transforms it (so the neutral fill
 also feels the actuator's offset, as a real actuator would), then the modified physics integrates
 it; the sensors corrupt what comes back, and the camera's frames (`render()`) differ in appearance.
-All five wrappers are always applied (identity where the profile has no such gap), so
-`info["reality"]` at reset always has the keys "physics", "actuator", "latency", "sensor" and "visual".
+All wrappers are always applied (identity where the profile has no such gap), so `info["reality"]`
+at reset always has the keys "physics", "start_state", "actuator", "latency", "sensor" and "visual".
 
 Recording: `record_reality(...)` in memory, or any recorder through a "module:callable" env id,
 which `wmcheck.datasets.record.make_env` accepts; from the CLI:
@@ -38,9 +38,11 @@ from wmcheck.checks.reality_wrappers import (
     ActuatorGap,
     PhysicsGap,
     SensorGap,
+    StartState,
     TerminationGap,
     VisualGap,
     _jsonable,
+    _step_window,
 )
 from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.record import make_env, record_episodes
@@ -59,6 +61,9 @@ class RealityProfile:
     """Actions act this many steps after they are commanded (`ActionLatency`); a fraction of a step
     (Box actions) mixes each command with the one before it, as a delay that is not a whole number of
     control periods does."""
+    latency_window: list | None = None
+    """[start, stop): the latency holds only over these steps of each episode (a latency spike);
+    None = over the whole episode."""
     actuator_gain: Channels = None
     """Effect per unit command (1 = none); per channel. Order: deadband, gain/offset, saturation."""
     actuator_offset: Channels = None
@@ -89,6 +94,9 @@ class RealityProfile:
     termination_bounds: list | None = None
     """Per observation channel, |obs| above which the episode terminates (null = none): an ending the
     other system does not have (`TerminationGap`)."""
+    start_state: list | None = None
+    """The plant's state at every reset, one value (or null: the env's own draw) per state variable
+    (`StartState`): an out-of-distribution start. None = the env's own start distribution."""
     physics: dict = field(default_factory=dict)
     """Physical parameter changes, `PhysicsGap` kwargs: {"m": 1.2, "dof_damping": {"scale": 1.5}}."""
     seed: int | None = 0
@@ -109,6 +117,13 @@ class RealityProfile:
             )
         whole = int(self.latency_steps) == self.latency_steps
         self.latency_steps = int(self.latency_steps) if whole else float(self.latency_steps)
+        if self.latency_window is not None:
+            if not self.latency_steps:
+                raise UserError(
+                    f"latency_window {self.latency_window!r} is given without a latency",
+                    "set latency_steps > 0 for the spike, or drop latency_window",
+                )
+            self.latency_window = list(_step_window(self.latency_window))
         if self.sensor_drift_mode not in ("ramp", "walk"):
             raise UserError(
                 f"sensor_drift_mode must be 'ramp' or 'walk', got {self.sensor_drift_mode!r}",
@@ -165,6 +180,10 @@ class RealityProfile:
         parts = []
         if self.latency_steps:
             parts.append(f"latency {self.latency_steps:g} step{'s' if self.latency_steps != 1 else ''}")
+            if self.latency_window is not None:
+                parts[-1] += f" over steps {self.latency_window[0]}-{self.latency_window[1] - 1}"
+        if self.start_state is not None:
+            parts.append(f"start state {_fmt(self.start_state)}")
         act = [
             f"{k} {_fmt(v)}"
             for k, v in (
@@ -234,6 +253,7 @@ def make_reality_env(
     try:
         p = profile
         env = PhysicsGap(env, **p.physics)
+        env = StartState(env, p.start_state)
         env = TerminationGap(env, p.termination_bounds)
         env = ActuatorGap(
             env,
@@ -244,7 +264,7 @@ def make_reality_env(
             p.process_noise_std,
             seed=p.seed,
         )
-        env = ActionLatency(env, p.latency_steps)
+        env = ActionLatency(env, p.latency_steps, window=p.latency_window)
         env = SensorGap(env, p.sensor_bias, p.sensor_noise_std, p.sensor_drift, seed=p.seed, drift=p.sensor_drift_mode)
         return VisualGap(env, p.visual_brightness, p.visual_colour, p.visual_blur, p.visual_noise_std, seed=p.seed)
     except BaseException:

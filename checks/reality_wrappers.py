@@ -1,15 +1,17 @@
 """Gymnasium wrappers that give a simulator known sim-to-real gaps, one wrapper per gap family.
 
 Owns the gap families of the taxonomy (product.md): `PhysicsGap` (dynamics),
-`ActuatorGap` (actuator), `ActionLatency` (latency), `SensorGap` (sensor_noise) and `VisualGap`
-(visual: brightness, colour, blur and noise of rendered frames). Composed by
+`StartState` (the state distribution: a start outside the logs), `TerminationGap` (endings),
+`ActuatorGap` (actuator), `ActionLatency` (latency, constant or a spike over some steps),
+`SensorGap` (sensor_noise) and `VisualGap` (visual: brightness, colour, blur and noise of rendered
+frames). Composed by
 `wmcheck.checks.reality.make_reality_env`, they make the "reality" against which wmcheck is tested
 and benchmarked: a gap we injected is a gap we know.
 
 Every wrapper records its constructor arguments, so `gymnasium.make(env.spec)` rebuilds the same
 reality (for registered base envs). Every wrapper keeps its spaces valid, passes `info` through (copied, never mutated), and records what
-it applies under `info["reality"]` at reset (`"physics"`, `"actuator"`, `"latency"`, `"sensor"`: JSON-safe
-dicts). At step, `ActuatorGap` adds `info["reality"]["action_applied"]` (what the simulator received)
+it applies under `info["reality"]` at reset (`"physics"`, `"start_state"`, `"actuator"`, `"latency"`,
+`"sensor"`: JSON-safe). At step, `ActuatorGap` adds `info["reality"]["action_applied"]` (what the simulator received)
 and `SensorGap` adds `info["reality"]["observation_clean"]` (the uncorrupted observation): ground
 truth for benchmarks, never seen by a recorder, which stores only observations and actions.
 Per-channel parameters are scalars (broadcast to every channel) or arrays of the space's shape.
@@ -83,13 +85,20 @@ class ActionLatency(gym.Wrapper, gym.utils.RecordConstructorArgs):
     system integrated over sub-steps (HalfCheetah's 5) weights the two parts differently, so there
     it approximates a delay of (k + f) dt. An actuator gap wrapped around it acts on the mixed
     command.
+
+    `window=(start, stop)` makes it a latency spike: the delay holds for the steps t of each episode
+    with start <= t < stop (t counts from 0 at reset) and is 0 elsewhere, as a congested network
+    link delivers commands late for a while. The FIFO is fed at every step, so the spike's first
+    step applies the command of `steps` steps before, not the neutral fill; when the spike ends, the
+    commands still in the FIFO are dropped (stale packets), and the current command acts at once.
     """
 
-    def __init__(self, env: gym.Env, steps: float, neutral=None):
-        gym.utils.RecordConstructorArgs.__init__(self, steps=steps, neutral=neutral)
+    def __init__(self, env: gym.Env, steps: float, neutral=None, window=None):
+        gym.utils.RecordConstructorArgs.__init__(self, steps=steps, neutral=neutral, window=window)
         gym.Wrapper.__init__(self, env)
         if isinstance(steps, bool) or not isinstance(steps, numbers.Real) or not np.isfinite(steps) or steps < 0:
             raise UserError(f"latency steps must be a number >= 0, got {steps!r}", "e.g. steps=2 or steps=1.5")
+        self.window = None if window is None else _step_window(window)
         self.whole = int(np.floor(steps))
         self.fraction = float(steps) - self.whole
         if self.fraction and not isinstance(env.action_space, spaces.Box):
@@ -116,17 +125,101 @@ class ActionLatency(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def reset(self, *, seed=None, options=None):
         obs, info = self.env.reset(seed=seed, options=options)
         self._fifo = self._filled()
-        return obs, _with_reality(info, "latency", {"steps": self.steps, "neutral_action": _jsonable(self.neutral)})
+        self._t = 0
+        applied = {"steps": self.steps, "neutral_action": _jsonable(self.neutral)}
+        if self.window is not None:
+            applied["window"] = list(self.window)
+        return obs, _with_reality(info, "latency", applied)
 
     def step(self, action):
         if self.steps == 0:
             return self.env.step(action)
+        t, self._t = self._t, self._t + 1
         self._fifo.append(copy.deepcopy(action))  # the caller may reuse its action buffer
+        older = self._fifo.popleft()  # u_{t-k} (whole) or u_{t-k-1} (fractional)
+        if self.window is not None and not self.window[0] <= t < self.window[1]:
+            return self.env.step(action)  # outside the spike: no delay
         if not self.fraction:
-            return self.env.step(self._fifo.popleft())
-        older = np.asarray(self._fifo.popleft(), float)  # u_{t-k-1}; the FIFO's head is now u_{t-k}
-        held = self.fraction * older + (1.0 - self.fraction) * np.asarray(self._fifo[0], float)
+            return self.env.step(older)
+        held = self.fraction * np.asarray(older, float) + (1.0 - self.fraction) * np.asarray(self._fifo[0], float)
         return self.env.step(held.astype(self.env.action_space.dtype))
+
+
+def _step_window(window) -> tuple[int, int]:
+    """(start, stop) as whole steps with 0 <= start < stop; UserError otherwise."""
+    ok = (
+        isinstance(window, (list, tuple))
+        and len(window) == 2
+        and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in window)
+        and 0 <= window[0] < window[1]
+    )
+    if not ok:
+        raise UserError(
+            f"a latency window must be [start, stop) in whole steps with 0 <= start < stop, got {window!r}",
+            "e.g. window=[80, 140] for a spike over steps 80-139",
+        )
+    return int(window[0]), int(window[1])
+
+
+class StartState(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Every episode starts from a given plant state instead of the env's own draw: an
+    out-of-distribution start (a plant switched on, or handed over, in a state its logs never had).
+
+    `state` has one entry per state variable, None keeping the env's own draw for that variable.
+    The state is the classic-control envs' `unwrapped.state` (Pendulum: theta, theta_dot;
+    MountainCar: position, velocity) or a MuJoCo env's qpos then qvel (`set_state`). The reset's
+    observation is recomputed from the new state. `state=None` is the identity.
+    """
+
+    def __init__(self, env: gym.Env, state=None):
+        gym.utils.RecordConstructorArgs.__init__(self, state=state)
+        gym.Wrapper.__init__(self, env)
+        if state is not None and (
+            not isinstance(state, (list, tuple))
+            or not all(x is None or (isinstance(x, numbers.Real) and np.isfinite(x)) for x in state)
+        ):
+            raise UserError(
+                f"a start state must be a list of numbers (or null to keep the env's draw), got {state!r}",
+                "e.g. state=[0.3, 0.0] for MountainCar's position and velocity",
+            )
+        self.state = None if state is None else list(state)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        if self.state is None:
+            return obs, _with_reality(info, "start_state", None)
+        base = self.env.unwrapped
+        mujoco = hasattr(base, "set_state") and hasattr(base, "data")
+        if mujoco:
+            current = np.concatenate([base.data.qpos, base.data.qvel]).astype(np.float64)
+        elif getattr(base, "state", None) is not None:
+            current = np.asarray(base.state, np.float64).ravel()
+        else:
+            raise UserError(
+                f"{type(base).__name__} has no settable state (`state`, or MuJoCo's `set_state`)",
+                "use a classic-control or MuJoCo env, or start the episodes through the env's own options",
+            )
+        if len(self.state) != current.size:
+            raise UserError(
+                f"the start state has {len(self.state)} entries, {type(base).__name__}'s state has {current.size}",
+                "give one value (or null) per state variable",
+            )
+        new = np.array([c if x is None else float(x) for x, c in zip(self.state, current)])
+        if mujoco:
+            nq = base.data.qpos.size
+            base.set_state(new[:nq], new[nq:])
+        else:
+            base.state = new.astype(np.asarray(base.state).dtype).reshape(np.shape(base.state))
+        if hasattr(base, "_get_obs"):
+            obs = base._get_obs()
+        elif base.observation_space.shape == new.shape:
+            obs = new.astype(base.observation_space.dtype)
+        else:
+            raise UserError(
+                f"{type(base).__name__}'s observation cannot be recomputed from its state",
+                "use an env whose observation is its state or that has _get_obs",
+            )
+        return obs, _with_reality(info, "start_state", _jsonable(new))
 
 
 class ActuatorGap(gym.ActionWrapper, gym.utils.RecordConstructorArgs):

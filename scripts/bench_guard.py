@@ -1,14 +1,19 @@
 """Per-step overhead of the runtime guard (runtime/guard.py) on CPU, and what it does under faults.
 
-    python -m wmcheck.scripts.bench_guard --run RUNDIR [--episodes 4] [--steps 200] [--threads 1] [--compare]
-        [--block-worker --period-ms 10] [--realities faithful,...]
+    python -m wmcheck.scripts.bench_guard --run RUNDIR [--env Pendulum-v1] [--episodes 4] [--steps 200]
+        [--threads 1] [--compare] [--block-worker --period-ms 10] [--realities faithful,...]
 
-RUNDIR is a trained and calibrated Pendulum-v1 run (e.g. the tests' recipe: 40 episodes of hold:5
-torques, the `debug` preset). For each reality (faithful, a theta_dot sensor drift, a 3-step
-latency, an actuator gain of 0.3, a cos(theta) reading 2.0 off), it runs the guard around the
-recording's own sample-and-hold policy and prints the median per-step time of `Guard.act` (the
-env step excluded), the share of steps on the fallback, and the episodes with a rollback and the
-first step it came at. The time per step is given as the median and the mean: the open-loop test
+RUNDIR is a trained and calibrated run of `--env` (e.g. the tests' recipe: 40 episodes of hold:5
+commands, the `debug` preset). For each reality of that env (Pendulum-v1: faithful, a theta_dot
+sensor drift, a 3-step latency, a 3-step latency spike from step 60 on, an actuator gain of 0.3, a
+cos(theta) reading 2.0 off; MountainCarContinuous-v0: faithful, a start at rest at position 0.3,
+above anything its logs reached), it runs the guard around the recording's own sample-and-hold
+policy (commands uniform in the action space) and prints the median per-step time of `Guard.act`
+(the env step excluded), the share of steps on the fallback, and the episodes with a rollback and
+the first step it came at. After the table, each reality's episodes with any fallback and with an
+in-episode rollback are given with 95 % Wilson intervals: on the faithful reality these are the
+guard's false fallbacks and false rollbacks, to compare with their budgets (docs/after-release.md).
+The time per step is given as the median and the mean: the open-loop test
 scores one block every `horizon` steps, which the mean counts and the median mostly does not.
 `--compare` runs every reality three times in the same run: with every test, without the
 corrections' score test (GuardConfig.corrections), and without it and the open-loop test
@@ -31,17 +36,25 @@ import time
 import numpy as np
 
 REALITIES = {
-    "faithful": {},
-    "sensor drift 0.02/step": {"sensor_drift": [0, 0, 0.02]},
-    "latency 3 steps": {"latency_steps": 3},
-    "actuator gain 0.3": {"actuator_gain": 0.3},
-    "cos(theta) read +2.0": {"sensor_bias": [2.0, 0, 0]},
+    "Pendulum-v1": {
+        "faithful": {},
+        "sensor drift 0.02/step": {"sensor_drift": [0, 0, 0.02]},
+        "latency 3 steps": {"latency_steps": 3},
+        "latency spike from 60": {"latency_steps": 3, "latency_window": [60, 10**6]},
+        "actuator gain 0.3": {"actuator_gain": 0.3},
+        "cos(theta) read +2.0": {"sensor_bias": [2.0, 0, 0]},
+    },
+    "MountainCarContinuous-v0": {
+        "faithful": {},
+        "start at position 0.3": {"start_state": [0.3, 0.0]},
+    },
 }
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True)
+    p.add_argument("--env", default="Pendulum-v1", choices=sorted(REALITIES), help="the system the run was trained on")
     p.add_argument("--episodes", type=int, default=4)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
@@ -55,30 +68,35 @@ def main(argv=None) -> None:
     )
     p.add_argument("--block-worker", action="store_true", help="score blocks in a second process")
     p.add_argument("--period-ms", type=float, default=0.0, help="pace every step to this control period")
-    p.add_argument("--realities", default=",".join(REALITIES), help="comma-separated names of REALITIES")
+    p.add_argument("--realities", default=None, help="comma-separated names of REALITIES[env] (default: all)")
     args = p.parse_args(argv)
+    realities = REALITIES[args.env]
+    names = args.realities.split(",") if args.realities else list(realities)
 
     import torch
 
     torch.set_num_threads(args.threads)
     from wmcheck.checks.reality import RealityProfile, make_reality_env
     from wmcheck.runtime.guard import Guard, GuardConfig
+    from wmcheck.scripts.bench_detection import wilson
 
     print(
         f"{'reality':<24} {'tests':>11} {'ms/step':>8} {'mean ms':>8} {'p99 ms':>7} {'max ms':>7} "
         f"{'fallback':>9} {'rollbacks':>10} first rollback steps; flagged window / block / score tests; "
-        "deployment rollback episode (flagged looks)"
+        "deployment rollback episode (flagged looks); slowest step (episode, t)"
     )
     settings = [(True, True), (True, False), (False, False)] if args.compare else [(True, True)]
-    for name in args.realities.split(","):
-        kw = REALITIES[name]
+    rates = []
+    for name in names:
+        kw = realities[name]
         for open_loop, corrections in settings:
             cfg = GuardConfig(
                 samples=args.samples, open_loop=open_loop, corrections=corrections, block_worker=args.block_worker
             )
             guard = Guard(args.run, fallback=lambda obs: np.zeros(1), config=cfg)
-            env = make_reality_env("Pendulum-v1", RealityProfile(**kw).to_dict())
-            times, firsts = [], []
+            env = make_reality_env(args.env, RealityProfile(**kw).to_dict())
+            bound = float(env.action_space.high[0])
+            times, firsts, fell_back = [], [], 0
             for i in range(args.episodes):
                 obs, _ = env.reset(seed=1000 + i)
                 guard.reset(obs)
@@ -87,7 +105,7 @@ def main(argv=None) -> None:
                 start = len(guard.decisions)
                 for t in range(args.steps):
                     if t % 5 == 0:
-                        a = rng.uniform(-2, 2, size=1)
+                        a = rng.uniform(-bound, bound, size=1)
                     t0 = time.perf_counter()
                     applied = guard.act(obs, a)
                     times.append(time.perf_counter() - t0)
@@ -96,6 +114,7 @@ def main(argv=None) -> None:
                     obs, *_ = env.step(applied)
                 guard.finish(obs)  # ends the episode: its last blocks' tests and its deployment look
                 firsts.append(next((s.t for s in guard.decisions[start:] if s.rollback), None))
+                fell_back += any(s.controller == "fallback" for s in guard.decisions[start:])
             env.close()
             s = guard.summary()
             hit = [f for f in firsts if f is not None]
@@ -111,13 +130,19 @@ def main(argv=None) -> None:
             ]
             tests = "all" if corrections else ("no scores" if open_loop else "one-step")
             ms = 1e3 * np.asarray(times)
+            slowest = divmod(int(ms.argmax()), args.steps)
+            rates.append((name, tests, fell_back, len(hit), args.episodes))
             print(
                 f"{name:<24} {tests:>11} {np.median(ms):>8.2f} {ms.mean():>8.2f} {np.quantile(ms, 0.99):>7.1f} "
                 f"{ms.max():>7.1f} {s['fallback_steps'] / s['steps']:>9.1%} "
                 f"{len(hit):>4} of {args.episodes:<3} {hit}; {' / '.join(map(str, flagged))}; "
-                f"{guard.summary()['deployment_rollback_episode']} ({' / '.join(map(str, looks))})",
+                f"{guard.summary()['deployment_rollback_episode']} ({' / '.join(map(str, looks))}); {slowest}",
                 flush=True,
             )
+    print("\nepisodes with a fallback / with an in-episode rollback, 95 % Wilson intervals:")
+    for name, tests, fell_back, rolled, n in rates:
+        fb, rb = (f"{k}/{n} [{lo:.1%}, {hi:.1%}]" for k in (fell_back, rolled) for lo, hi in [wilson(k, n)])
+        print(f"  {name:<24} {tests:>11}  fallback {fb:<22} rollback {rb}")
 
 
 if __name__ == "__main__":

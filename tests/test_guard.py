@@ -1,7 +1,8 @@
-"""The runtime guard (runtime/guard.py) around a policy on Pendulum-v1, with faults injected by the
-reality wrappers: quiet on the faithful system, a rollback for a sensor drift and for a latency, the
-fallback for readings outside the training logs, actions kept inside the logs' envelope, and every
-decision in a log wmcheck reads."""
+"""The runtime guard (runtime/guard.py) around a policy on Pendulum-v1 and MountainCarContinuous-v0,
+with faults injected by the reality wrappers: quiet on the faithful system, a rollback for a sensor
+drift and for a latency, the fallback for a latency spike, for readings outside the training logs
+and for a start outside them, actions kept inside the logs' envelope, and every decision in a log
+wmcheck reads."""
 
 from __future__ import annotations
 
@@ -14,30 +15,31 @@ from wmcheck.checks.reality import RealityProfile, make_reality_env
 from wmcheck.runtime.guard import Envelope, Guard, GuardConfig, GuardedEnv, real_windows, training_envelope
 
 STEPS = 200
+SPIKE = 60  # the latency spike's first step
 
 
-def hold_policy(seed: int):
-    """The recording's own excitation (sample-and-hold torques): inside the model's competence."""
+def hold_policy(seed: int, bound: float = 2.0):
+    """The recording's own excitation (sample-and-hold commands in +-bound): inside the model's competence."""
     rng = np.random.default_rng(seed)
     state = {"t": 0, "a": np.zeros(1)}
 
     def act(_obs):
         if state["t"] % 5 == 0:
-            state["a"] = rng.uniform(-2, 2, size=1)
+            state["a"] = rng.uniform(-bound, bound, size=1)
         state["t"] += 1
         return state["a"]
 
     return act
 
 
-def run(run_dir, profile: RealityProfile, episodes: int, seed: int, **cfg):
+def run(run_dir, profile: RealityProfile, episodes: int, seed: int, env_id="Pendulum-v1", bound=2.0, **cfg):
     rollbacks = []
     guard = Guard(run_dir, fallback=lambda obs: np.zeros(1), config=GuardConfig(**cfg), on_rollback=rollbacks.append)
-    env = GuardedEnv(make_reality_env("Pendulum-v1", profile.to_dict()), guard)
+    env = GuardedEnv(make_reality_env(env_id, profile.to_dict()), guard)
     per_episode = []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
-        policy = hold_policy(seed + i)
+        policy = hold_policy(seed + i, bound)
         start = len(guard.decisions)
         for _ in range(STEPS):
             obs, *_ = env.step(policy(obs))
@@ -60,6 +62,7 @@ def faults(pendulum_checked):
         "faithful": run(run_dir, RealityProfile(), 6, 100),
         "sensor_drift": run(run_dir, RealityProfile(sensor_drift=[0, 0, 0.02]), 3, 200),
         "latency": run(run_dir, RealityProfile(latency_steps=3), 4, 300),
+        "latency_spike": run(run_dir, RealityProfile(latency_steps=3, latency_window=[SPIKE, STEPS]), 4, 300),
         "off_range_sensor": run(run_dir, RealityProfile(sensor_bias=[2.0, 0, 0]), 2, 400),
         "weak_actuator": run(run_dir, RealityProfile(actuator_gain=0.3), 4, 500),
     }
@@ -87,6 +90,22 @@ def test_a_latency_lowers_the_window_p_values_and_rolls_back(faults):
     p = {k: [s.window_p for s in runs[k][0].decisions if s.window_p is not None] for k in ("faithful", "latency")}
     assert np.median(p["latency"]) < np.median(p["faithful"]) / 2, {k: np.median(v) for k, v in p.items()}
     assert sum(e["rollback"] is not None for e in runs["latency"][1]) >= 2, runs["latency"][1]
+
+
+def test_a_latency_spike_hands_over_to_the_fallback_and_rolls_back_the_deployment(faults):
+    """A 3-step latency from step 60 on (the first 60 steps as the faithful runs'): the filter's
+    latent state leaves the logs' support, so the fallback takes over in most episodes, never
+    before the spike; the one-step windows inside the spike have lower p-values than the faithful
+    runs'; and the deployment test rolls back by episode 3 (measured on this recipe: the fallback
+    in 3 of 4 episodes, 25-100 steps after the spike's start; no in-episode rollback)."""
+    _, runs = faults
+    guard, eps, _ = runs["latency_spike"]
+    firsts = [e["first_fallback"] for e in eps]
+    assert sum(f is not None for f in firsts) >= 2 and all(f is None or f > SPIKE for f in firsts), eps
+    spiked = [s.window_p for s in guard.decisions if s.window_p is not None and s.t >= SPIKE + 8]
+    faithful = [s.window_p for s in runs["faithful"][0].decisions if s.window_p is not None]
+    assert np.median(spiked) < np.median(faithful) / 2, (np.median(spiked), np.median(faithful))
+    assert guard.summary()["deployment_rollback_episode"] <= 3, guard.summary()
 
 
 def test_a_weak_actuator_shows_in_the_open_loop_test(faults):
@@ -164,6 +183,43 @@ def test_readings_outside_the_logs_hand_over_to_the_fallback(faults):
         assert e["fallback"] >= 0.8 * (STEPS - guard.context), eps
     applied = [s for s in guard.decisions if s.controller == "fallback"]
     assert all(s.applied == [0.0] for s in applied)  # the fallback's action, not the policy's
+
+
+@pytest.fixture(scope="module")
+def mountaincar(tmp_path_factory, check_trainer):
+    """MountainCarContinuous-v0 logs from the env's own starts (the valley floor, at rest) under
+    hold:5 forces, the tests' debug recipe trained and calibrated on them, and guarded runs of
+    faithful episodes and of episodes that start at rest high on the right-hand hill (position
+    0.3). The logs never go above position 0.13 (40 episodes): the car then swings with more energy
+    than any logged episode had, so its states stay off the logs' support for most of the episode."""
+    from wmcheck.checks.reality import record_reality
+    from wmcheck.datasets.episode import LogMeta
+    from wmcheck.datasets.logformat import write_log
+
+    tmp = tmp_path_factory.mktemp("mountaincar")
+    env_id = "MountainCarContinuous-v0"
+    meta = LogMeta(source="real", dt=1.0, observation_names=["position", "velocity"], action_names=["force"])
+    write_log(tmp / "real.h5", record_reality(env_id, RealityProfile(), "hold:5", 40, 200, seed=0), meta)
+    extra = record_reality(env_id, RealityProfile(), "hold:5", 12, 200, seed=100_000)
+    write_log(tmp / "real_extra.h5", extra, meta)
+    run_dir = check_trainer(tmp, tmp / "real.h5", 2000, extra_real=[tmp / "real_extra.h5"])
+    return {
+        "faithful": run(run_dir, RealityProfile(), 4, 700, env_id, 1.0),
+        "ood_start": run(run_dir, RealityProfile(start_state=[0.3, 0.0]), 4, 700, env_id, 1.0),
+    }
+
+
+def test_a_start_outside_the_logs_hands_over_to_the_fallback_after_the_warm_up(mountaincar):
+    """Measured on this recipe: the fallback from step 17-25 (the warm-up ends at the context, 16
+    steps) and for 84-89 % of each episode; faithful episodes from the same seeds 0-15 %, late in
+    the episode, when their own swing has grown."""
+    guard, eps, _ = mountaincar["ood_start"]
+    for e in eps:
+        assert e["first_fallback"] is not None and e["first_fallback"] <= guard.context + 16, eps
+        assert e["fallback"] >= 0.7 * STEPS, eps
+    faithful = mountaincar["faithful"][1]
+    assert sum(e["fallback"] for e in faithful) <= 0.15 * len(faithful) * STEPS, faithful
+    assert all(e["first_fallback"] is None or e["first_fallback"] > 100 for e in faithful), faithful
 
 
 def test_the_envelope_projects_into_the_training_log(pendulum_checked):

@@ -84,6 +84,51 @@ def test_latency_fifo_is_refilled_at_reset():
     assert infos[0]["reality"]["latency"] == {"steps": 2, "neutral_action": [0.0]}
 
 
+def test_a_latency_spike_delays_only_inside_its_window_and_drops_stale_commands():
+    """Steps 20-39 apply u_{t-3} (the real earlier commands, not the neutral fill); every other step
+    applies u_t, so the commands still queued when the spike ends are dropped."""
+    a = torques()
+    profile = RealityProfile(latency_steps=3, latency_window=[20, 40])
+    real, infos = rollout(make_reality_env("Pendulum-v1", profile), a, seed=4)
+    applied = a.copy()
+    applied[20:40] = a[17:37]
+    expected, _ = rollout(gym.make("Pendulum-v1"), applied, seed=4)
+    np.testing.assert_array_equal(real, expected)
+    np.testing.assert_array_equal(real[:21], rollout(gym.make("Pendulum-v1"), a, seed=4)[0][:21])  # before it
+    constant, _ = rollout(make_reality_env("Pendulum-v1", RealityProfile(latency_steps=3)), a, seed=4)
+    assert not np.allclose(real, constant)
+    assert infos[0]["reality"]["latency"]["window"] == [20, 40]
+    assert "latency 3 steps over steps 20-39" in profile.describe()
+    for bad in ([40, 20], [5], [0.5, 9], [-1, 4]):
+        with pytest.raises(UserError, match="latency window"):
+            RealityProfile(latency_steps=3, latency_window=bad)
+    with pytest.raises(UserError, match="without a latency"):
+        RealityProfile(latency_window=[0, 9])
+
+
+def test_a_start_state_replaces_the_envs_draw_and_recomputes_the_observation():
+    """Pendulum (theta, theta_dot) and MountainCar (position, velocity) start where the profile says,
+    null entries keep the env's own draw, and the dynamics run on from there."""
+    env = make_reality_env("Pendulum-v1", RealityProfile(start_state=[np.pi / 2, None]))
+    obs, info = env.reset(seed=1)
+    draw = gym.make("Pendulum-v1").unwrapped
+    draw.reset(seed=1)
+    np.testing.assert_allclose(obs, [0.0, 1.0, draw.state[1]], atol=1e-6)  # cos, sin of pi/2; its own speed
+    assert info["reality"]["start_state"] == pytest.approx([np.pi / 2, draw.state[1]])
+    car = make_reality_env("MountainCarContinuous-v0", {"start_state": [0.3, 0.0]})
+    obs, _ = car.reset(seed=0)
+    np.testing.assert_allclose(obs, [0.3, 0.0], atol=1e-7)
+    obs, *_ = car.step(np.zeros(1, np.float32))
+    assert obs[1] < 0 and obs[0] < 0.3  # rolls back down the right-hand hill
+    assert make_reality_env("MountainCarContinuous-v0").reset(seed=0)[1]["reality"]["start_state"] is None
+    cheetah = make_reality_env("HalfCheetah-v5", {"start_state": [None, None, np.pi] + [None] * 15})  # qpos, qvel
+    assert cheetah.reset(seed=0)[0][1] == pytest.approx(np.pi)  # the torso's angle: upside down
+    with pytest.raises(UserError, match="3 entries"):
+        make_reality_env("Pendulum-v1", {"start_state": [0.0, 0.0, 1.0]}).reset(seed=0)
+    with pytest.raises(UserError, match="start state must be"):
+        make_reality_env("Pendulum-v1", {"start_state": "up"})
+
+
 def test_latency_on_discrete_actions_uses_the_first_class():
     env = make_reality_env("CartPole-v1", {"latency_steps": 1})
     _, infos = rollout(env, [1, 1, 0], seed=0)
@@ -372,7 +417,15 @@ def test_composed_reality_passes_the_gymnasium_checker_and_rebuilds_from_its_spe
     with pytest.warns(UserWarning):  # the checker warns about wrappers and unbounded spaces; errors fail
         check_env(env, skip_render_check=True)
     _, info = env.reset(seed=0)
-    assert set(info["reality"]) == {"physics", "actuator", "latency", "sensor", "visual", "observation_clean"}
+    assert set(info["reality"]) == {
+        "physics",
+        "start_state",
+        "actuator",
+        "latency",
+        "sensor",
+        "visual",
+        "observation_clean",
+    }
     rebuilt = gym.make(env.spec)
     a = torques(20)
     np.testing.assert_array_equal(rollout(rebuilt, a, seed=1)[0], rollout(env, a, seed=1)[0])
