@@ -2,7 +2,7 @@
 finished episodes.
 
 Owns `DeploymentTest`, which the runtime guard (runtime/guard.py) feeds after every finished
-episode, and `pooled_p`, the p-value of one look.
+episode, `pooled_p`, the p-value of one look, and `look_level`, the level it is tested at.
 
 Why: some gaps do not show within one episode but do in a few. On the tests' Pendulum recipe the
 check's own power table gives an actuator gain up to 2x a detection probability of 0 in the 3
@@ -16,10 +16,17 @@ episodes as the units):
   - open loop: the blocks' divergence, log scale, one-sided (worse than reality);
   - corrections: per parameter the blocks' score (checks/sysid.py), two-sided (a gain can be too
     weak or too strong), Bonferroni over the parameters.
-Each statistic is tested at the guard's `rollback_alpha`. Consecutive looks share all episodes
-but one, so under no gap a flagged look is followed by another far more often than alpha: the
-false-alarm rate is per look, and `consecutive` flagged looks in a row add about one episode of
-delay rather than a factor alpha. The pooled t assumes the episode means have one variance; an
+The guard looks after every episode for as long as it runs, so a fixed level per look would make a
+false deployment rollback certain in the end (at 0.01 per look, a faithful Pendulum plant was
+rolled back after episode 73 of 100). The levels are spent instead (`look_level`): look k tests
+each of its statistics at alpha / (statistics k (k + 1)). These sum to alpha over every look the
+guard will ever make, so the chance of any false flagged look in the guard's life is at most alpha
+(the guard's `deployment_alpha`), however the looks depend on each other: a union bound. The
+early looks get most of it (0.0125 and 0.0042 per statistic for the first two at alpha 0.05), which
+suits a gap present from the release on; a gap that appears after many episodes needs a far
+smaller p, and is the monitor's job (`wmcheck monitor`, which starts its plan again every
+`looks`). `consecutive` flagged looks in a row raise the rollback: consecutive looks share all
+episodes but one, so this adds about one episode of delay. The pooled t assumes the episode means have one variance; an
 episode with fewer blocks (an early end) has a noisier mean, which the test does not model.
 """
 
@@ -46,6 +53,14 @@ def pooled_p(episodes: list[np.ndarray], real: np.ndarray, groups: np.ndarray, l
     return 2 * min(upper, 1 - upper) if two_sided else upper
 
 
+def look_level(alpha: float, look: int, statistics: int) -> float:
+    """The level of each of `statistics` statistics at look number `look` (1, 2, ...):
+    alpha / (statistics * look * (look + 1)), which sums to alpha over all looks and statistics."""
+    if look < 1 or statistics < 1:
+        raise ValueError(f"look and statistics start at 1 (got look {look}, statistics {statistics})")
+    return alpha / (statistics * look * (look + 1))
+
+
 def bonferroni(ps: list[float]) -> float:
     """The smallest of per-parameter p-values times their number, capped at 1; NaN if all are NaN."""
     ps = np.asarray(ps, float)
@@ -64,11 +79,16 @@ class DeploymentTest:
     real_scores: np.ndarray | None
     groups: np.ndarray
     recent: deque = field(init=False)
+    looks: int = field(init=False, default=0)  # looks made so far (the last look's number)
 
     def __post_init__(self):
         if self.episodes < 2:
             raise ValueError(f"the deployment test pools at least 2 episodes (got {self.episodes})")
         self.recent = deque(maxlen=self.episodes)
+
+    @property
+    def statistics(self) -> int:
+        return (self.real_div is not None) + (self.real_scores is not None)
 
     def add(self, divergence: list[float], scores: list[np.ndarray]) -> tuple[float | None, float | None]:
         """Record a finished episode's blocks (divergences (n,) and scores, n arrays (p,)) and look:
@@ -80,6 +100,7 @@ class DeploymentTest:
         self.recent.append((np.asarray(divergence, float), np.asarray(scores, float).reshape(len(scores), p)))
         if len(self.recent) < 2:
             return None, None
+        self.looks += 1
         block_p = score_p = None
         if self.real_div is not None:
             block_p = pooled_p([d for d, _ in self.recent], self.real_div, self.groups, log=True, two_sided=False)

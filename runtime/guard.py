@@ -37,9 +37,10 @@ step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the gu
      `on_rollback` callback, once per episode). Each statistic is tested at `rollback_alpha`;
      - deployment (`deployment_episodes`): after every finished episode, the open-loop and
        corrections' statistics of the last few episodes' blocks, pooled with episodes as the units
-       (runtime/deployment.py), for a gap one episode is too short to show; `consecutive` flagged
-       looks in a row raise the deployment rollback (`Step.deployment_rollback`, the same
-       callback, once per guard);
+       (runtime/deployment.py), for a gap one episode is too short to show. The looks' levels are
+       spent so that the chance of any false flagged look in the guard's life is at most
+       `deployment_alpha`; `consecutive` flagged looks in a row raise the deployment rollback
+       (`Step.deployment_rollback`, the same callback, once per guard);
   4. (a) projects the chosen action into the envelope of the real logs: per-channel bounds (the
      training log's range unless given) and, when given or computed from the training log, a
      rate limit on the per-step change;
@@ -73,7 +74,7 @@ from wmcheck.datasets.errors import UserError
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.windows import Batch
 from wmcheck.runtime.block_worker import BlockWorker, block_statistics
-from wmcheck.runtime.deployment import DeploymentTest, bonferroni
+from wmcheck.runtime.deployment import DeploymentTest, bonferroni, look_level
 
 
 @dataclass
@@ -91,6 +92,7 @@ class GuardConfig:
     open_loop: bool = True  # also test each block's open-loop divergence (one block scoring every `horizon` steps)
     corrections: bool = True  # also test each block's latency / actuator scores (checks/sysid.py score test)
     deployment_episodes: int = 4  # the deployment test pools the last this many finished episodes (0: off)
+    deployment_alpha: float = 0.05  # the chance of any false deployment look in the guard's life (levels spent)
     block_worker: bool = False  # score blocks in a second process (runtime/block_worker.py): act() does not wait
     seed: int = 0
 
@@ -115,6 +117,7 @@ class Step:
     # set on an episode's last step: the deployment looks' p (runtime/deployment.py) and their rollback
     deployment_block_p: float | None = None
     deployment_score_p: float | None = None
+    deployment_level: float | None = None  # the level this look's statistics were tested at (deployment.look_level)
     deployment_rollback: bool = False
 
 
@@ -423,9 +426,13 @@ class Guard:
             return
         looks = self.deployment.add(self.episode_div, self.episode_scores)
         step.deployment_block_p, step.deployment_score_p = looks
+        if looks == (None, None):
+            return
+        level = look_level(self.cfg.deployment_alpha, self.deployment.looks, self.deployment.statistics)
+        step.deployment_level = level
         for i, p in enumerate(looks):
             if p is not None:
-                self.deployment_runs[i] = self.deployment_runs[i] + 1 if p <= self.cfg.rollback_alpha else 0
+                self.deployment_runs[i] = self.deployment_runs[i] + 1 if p <= level else 0
         if max(self.deployment_runs) >= self.cfg.consecutive and not self.deployment_rolled_back:
             self.deployment_rolled_back = step.deployment_rollback = True
             self.first_deployment_rollback = self.episodes_done

@@ -66,6 +66,12 @@ def main(argv=None) -> None:
         action="store_true",
         help="also run without the corrections' score test, and without it and the open-loop test",
     )
+    p.add_argument(
+        "--competence-alpha",
+        type=float,
+        default=None,
+        help="the share of held-out real steps above the support bound (GuardConfig.competence_alpha; default: the calibration's)",
+    )
     p.add_argument("--block-worker", action="store_true", help="score blocks in a second process")
     p.add_argument("--period-ms", type=float, default=0.0, help="pace every step to this control period")
     p.add_argument("--realities", default=None, help="comma-separated names of REALITIES[env] (default: all)")
@@ -91,7 +97,11 @@ def main(argv=None) -> None:
         kw = realities[name]
         for open_loop, corrections in settings:
             cfg = GuardConfig(
-                samples=args.samples, open_loop=open_loop, corrections=corrections, block_worker=args.block_worker
+                samples=args.samples,
+                open_loop=open_loop,
+                corrections=corrections,
+                block_worker=args.block_worker,
+                competence_alpha=args.competence_alpha,
             )
             guard = Guard(args.run, fallback=lambda obs: np.zeros(1), config=cfg)
             env = make_reality_env(args.env, RealityProfile(**kw).to_dict())
@@ -124,8 +134,8 @@ def main(argv=None) -> None:
                 for f in ("window_p", "block_p", "score_p")
             ]
             guard.close()
-            looks = [
-                sum(1 for d in guard.decisions if getattr(d, f) is not None and getattr(d, f) <= alpha)
+            looks = [  # flagged at the look's own (spent) level
+                sum(1 for d in guard.decisions if getattr(d, f) is not None and getattr(d, f) <= d.deployment_level)
                 for f in ("deployment_block_p", "deployment_score_p")
             ]
             tests = "all" if corrections else ("no scores" if open_loop else "one-step")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wmcheck.runtime.deployment import DeploymentTest, bonferroni
+from wmcheck.runtime.deployment import DeploymentTest, bonferroni, look_level
 
 REAL_EPISODES, BLOCKS, PARAMS = 18, 3, 2
 
@@ -78,6 +78,39 @@ def test_a_look_needs_two_episodes_and_keeps_only_the_last_ones():
     assert len(test.recent) == 3 and test.add([50.0], [])[0] < 1e-3  # only the worse, latest episodes
     with pytest.raises(ValueError, match="at least 2"):
         DeploymentTest(1, None, None, groups)
+
+
+def lifetime_flags(rng, episodes: int, levels) -> np.ndarray:
+    """One guard's life under no gap: a fresh real set, then a look after every episode; for each
+    rule in `levels` (look number -> level per statistic), whether any look was flagged."""
+    real_div, real_scores = draw(rng, REAL_EPISODES)
+    test = DeploymentTest(
+        4, real_div.reshape(-1), real_scores.reshape(-1, PARAMS), np.repeat(np.arange(REAL_EPISODES), BLOCKS)
+    )
+    div, scores = draw(rng, episodes)
+    flagged = np.zeros(len(levels), bool)
+    for e in range(episodes):
+        ps = test.add(list(div[e]), list(scores[e]))
+        if ps[0] is not None:
+            flagged |= [min(ps) <= level(test.looks) for level in levels]
+    return flagged
+
+
+def test_the_spent_levels_keep_a_guards_whole_life_within_alpha():
+    """50 looks of overlapping 4-episode pools under no gap: with the spent levels, at most alpha
+    of guards ever flag a look; a fixed level of 0.01 per look flags most of them."""
+    rng = np.random.default_rng(4)
+    alpha = 0.05
+    spent = lambda k: look_level(alpha, k, 2)  # noqa: E731
+    fixed = lambda k: 0.01  # noqa: E731
+    flags = np.array([lifetime_flags(rng, 52, [spent, fixed]) for _ in range(300)])  # (guards, rules)
+    se = np.sqrt(alpha * (1 - alpha) / len(flags))
+    assert flags[:, 0].mean() <= alpha + 2 * se, flags.mean(0)
+    assert flags[:, 1].mean() > 0.3, flags.mean(0)
+    assert look_level(alpha, 1, 2) == alpha / 4 and look_level(alpha, 2, 1) == alpha / 6
+    assert abs(sum(look_level(alpha, k, 2) for k in range(1, 10**5)) * 2 - alpha) < 1e-5
+    with pytest.raises(ValueError):
+        look_level(alpha, 0, 2)
 
 
 def test_bonferroni():
