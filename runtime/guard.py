@@ -81,7 +81,9 @@ from wmcheck.runtime.deployment import DeploymentTest, bonferroni, look_level
 class GuardConfig:
     """How the guard decides; the thresholds themselves come from the run's calibration."""
 
-    competence_alpha: float | None = None  # None: the calibration's competence_alpha
+    # None: the calibration's (0.01). A per-step quantile: at 0.01, 32-44 % of faithful 200-step episodes
+    # fall back at some step, at 0.001 6-14 % (docs/after-release.md)
+    competence_alpha: float | None = None
     enter_steps: int = 2  # consecutive out-of-competence steps before the fallback takes over
     exit_steps: int = 10  # consecutive competent steps before the policy acts again
     rollback_window: int = 8  # steps per rollback window

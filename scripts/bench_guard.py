@@ -13,6 +13,9 @@ policy (commands uniform in the action space) and prints the median per-step tim
 the first step it came at. After the table, each reality's episodes with any fallback and with an
 in-episode rollback are given with 95 % Wilson intervals: on the faithful reality these are the
 guard's false fallbacks and false rollbacks, to compare with their budgets (docs/after-release.md).
+The last column is what a Shiryaev-Roberts e-detector on the same window p-values would have
+rolled back (not the guard's rule; it would give a per-episode budget if the windows' p-values
+were independent and valid, which the faithful runs test).
 The time per step is given as the median and the mean: the open-loop test
 scores one block every `horizon` steps, which the mean counts and the median mostly does not.
 `--compare` runs every reality three times in the same run: with every test, without the
@@ -49,6 +52,30 @@ REALITIES = {
         "start at position 0.3": {"start_state": [0.3, 0.0]},
     },
 }
+
+
+E_DETECTOR_THRESHOLD = 420.0  # 21 windows per 200-step episode / a 5 % budget (Doob: P(alarm) <= windows / A)
+
+
+def mixture_e_value(p: float) -> float:
+    """The e-value of a p-value averaged over the calibrators k p^(k - 1), 0 < k < 1:
+    (1 - p + p log p) / (p log(p)^2), 0.5 at p = 1."""
+    p = min(max(float(p), 1e-12), 1 - 1e-9)
+    lp = np.log(p)
+    return (1 - p + p * lp) / (p * lp**2)
+
+
+def shiryaev_roberts_alarm(ps: list[float], threshold: float) -> bool:
+    """Whether a Shiryaev-Roberts e-detector R_j = (R_{j-1} + 1) e(p_j) over an episode's window
+    p-values reaches `threshold`. Not the guard's rule: measured beside it, because for independent
+    valid p-values it would bound the false rollbacks of an episode of n windows by n / threshold,
+    a budget the consecutive rule cannot state."""
+    r = 0.0
+    for p in ps:
+        r = (r + 1.0) * mixture_e_value(p)
+        if r >= threshold:
+            return True
+    return False
 
 
 def main(argv=None) -> None:
@@ -106,7 +133,7 @@ def main(argv=None) -> None:
             guard = Guard(args.run, fallback=lambda obs: np.zeros(1), config=cfg)
             env = make_reality_env(args.env, RealityProfile(**kw).to_dict())
             bound = float(env.action_space.high[0])
-            times, firsts, fell_back = [], [], 0
+            times, firsts, fell_back, e_alarms = [], [], 0, 0
             for i in range(args.episodes):
                 obs, _ = env.reset(seed=1000 + i)
                 guard.reset(obs)
@@ -125,6 +152,8 @@ def main(argv=None) -> None:
                 guard.finish(obs)  # ends the episode: its last blocks' tests and its deployment look
                 firsts.append(next((s.t for s in guard.decisions[start:] if s.rollback), None))
                 fell_back += any(s.controller == "fallback" for s in guard.decisions[start:])
+                windows = [s.window_p for s in guard.decisions[start:] if s.window_p is not None]
+                e_alarms += shiryaev_roberts_alarm(windows, E_DETECTOR_THRESHOLD)
             env.close()
             s = guard.summary()
             hit = [f for f in firsts if f is not None]
@@ -141,7 +170,7 @@ def main(argv=None) -> None:
             tests = "all" if corrections else ("no scores" if open_loop else "one-step")
             ms = 1e3 * np.asarray(times)
             slowest = divmod(int(ms.argmax()), args.steps)
-            rates.append((name, tests, fell_back, len(hit), args.episodes))
+            rates.append((name, tests, fell_back, len(hit), e_alarms, args.episodes))
             print(
                 f"{name:<24} {tests:>11} {np.median(ms):>8.2f} {ms.mean():>8.2f} {np.quantile(ms, 0.99):>7.1f} "
                 f"{ms.max():>7.1f} {s['fallback_steps'] / s['steps']:>9.1%} "
@@ -150,9 +179,11 @@ def main(argv=None) -> None:
                 flush=True,
             )
     print("\nepisodes with a fallback / with an in-episode rollback, 95 % Wilson intervals:")
-    for name, tests, fell_back, rolled, n in rates:
-        fb, rb = (f"{k}/{n} [{lo:.1%}, {hi:.1%}]" for k in (fell_back, rolled) for lo, hi in [wilson(k, n)])
-        print(f"  {name:<24} {tests:>11}  fallback {fb:<22} rollback {rb}")
+    for name, tests, fell_back, rolled, e_alarms, n in rates:
+        fb, rb, ed = (
+            f"{k}/{n} [{lo:.1%}, {hi:.1%}]" for k in (fell_back, rolled, e_alarms) for lo, hi in [wilson(k, n)]
+        )
+        print(f"  {name:<24} {tests:>11}  fallback {fb:<22} rollback {rb:<22} e-detector on the windows {ed}")
 
 
 if __name__ == "__main__":

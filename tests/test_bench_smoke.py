@@ -470,3 +470,20 @@ def test_bench_twins_compare_bias_keeps_response_cells_apart():
     assert out["cells"][0]["covered"] and not out["cells"][1]["covered"]  # truth +50 is outside [10, 20]
     assert out["significant_regime_cells"] == 1 and out["coverage_significant"] == 0.0
     assert out["response"] == [{"factor": 0.8, "ci": [0.7, 0.9]}]
+
+
+def test_bench_guard_e_detector_is_valid_on_uniform_p_values_and_fires_on_small_ones():
+    """The e-detector bench_guard measures beside the guard's rule: its e-value has mean at most 1
+    under a uniform p (so Doob bounds its false alarms by windows / threshold), and it fires on a
+    run of small p-values."""
+    from wmcheck.scripts.bench_guard import E_DETECTOR_THRESHOLD, mixture_e_value, shiryaev_roberts_alarm
+
+    x = np.geomspace(1e-9, 60.0, 400_001)  # p = exp(-x): the heavy tail near p = 0 on a log grid
+    g = np.array([mixture_e_value(np.exp(-v)) * np.exp(-v) for v in x])
+    mean = float(np.sum(0.5 * (g[1:] + g[:-1]) * np.diff(x)))
+    assert 0.95 < mean <= 1.0, mean  # below 1 only by the p < 1e-12 clip
+    rng = np.random.default_rng(0)
+    alarms = np.mean([shiryaev_roberts_alarm(rng.uniform(size=21), E_DETECTOR_THRESHOLD) for _ in range(4000)])
+    assert alarms <= 21 / E_DETECTOR_THRESHOLD, alarms
+    assert shiryaev_roberts_alarm([0.5] * 10 + [0.002] * 3, E_DETECTOR_THRESHOLD)
+    assert not shiryaev_roberts_alarm([0.5] * 10 + [0.002], E_DETECTOR_THRESHOLD)
