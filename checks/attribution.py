@@ -30,7 +30,7 @@ import numpy as np
 
 from wmcheck.checks.blocks import make_blocks
 from wmcheck.checks.scoring import attribution_objective, one_step_nll
-from wmcheck.checks.transforms import actuator_correction, shift_drivers
+from wmcheck.checks.transforms import actuator_correction, actuator_values, correction_kwargs, shift_drivers
 
 ACTUATOR_KINDS = ("gain", "offset", "deadband")
 """The actuator corrections searched, one factor at a time per command channel."""
@@ -140,11 +140,16 @@ def search_matrices(
 def outside_training_share(norm, episodes, c: int) -> float:
     """Share of command channel c's values outside the training logs' range (0 when the normaliser
     predates stored ranges)."""
+    x = np.concatenate([e.actions[:, c] for e in episodes]) if episodes else np.zeros(0, np.float32)
+    return _outside_share(norm, x, c)
+
+
+def _outside_share(norm, x: np.ndarray, c: int) -> float:
+    """Share of the values x (n,) of command channel c outside the training logs' range."""
     rng_a = norm.range["action"]
-    if rng_a is None:
+    if rng_a is None or not len(x):
         return 0.0
-    x = np.concatenate([e.actions[:, c] for e in episodes]) if episodes else np.zeros(0)
-    return float(((x < rng_a[0][c]) | (x > rng_a[1][c])).mean()) if len(x) else 0.0
+    return float(((x < rng_a[0][c]) | (x > rng_a[1][c])).mean())
 
 
 def allowed_corrections(
@@ -155,9 +160,8 @@ def allowed_corrections(
     the uncorrected commands already are, or competence_alpha, whichever is larger. The model
     knows reality only inside that range; beyond it a physics gap could masquerade as a
     correction it only extrapolates to."""
-    share = np.array(
-        [outside_training_share(norm, [actuator_correction(e, c, kind, v * unit) for e in episodes], c) for v in grid]
-    )
+    x = np.concatenate([e.actions[:, c] for e in episodes]) if episodes else np.zeros(0, np.float32)
+    share = np.array([_outside_share(norm, actuator_values(x, **correction_kwargs(kind, v * unit)), c) for v in grid])
     ident = identity_index(kind, grid)
     return share <= max(share[ident], competence_alpha)
 

@@ -235,10 +235,13 @@ def policy_shift_test(
     U, P_ = n_c + n_r, phi.shape[1]
     A = np.zeros((U, P_, P_))  # per episode: phi' phi
     B = np.zeros((U, P_, y.shape[1]))  # per episode: phi' y
-    n = np.zeros(U)
+    order = np.argsort(owner, kind="stable")  # each episode's pairs contiguous, in their own order
+    bounds = np.searchsorted(owner[order], np.arange(U + 1))
+    phi_o, y_o = phi[order], y[order]
+    n = np.diff(bounds).astype(float)
     for u in range(U):
-        rows = owner == u
-        A[u], B[u], n[u] = phi[rows].T @ phi[rows], phi[rows].T @ y[rows], rows.sum()
+        f, t = phi_o[bounds[u] : bounds[u + 1]], y_o[bounds[u] : bounds[u + 1]]
+        A[u], B[u] = f.T @ f, f.T @ t
     M = A.sum(0) / n.sum()  # (P_, P_) the pooled steps' second moment: where the means are compared
     ridge = RIDGE * np.trace(M) / P_ * np.eye(P_)
     in_c = np.zeros((permutations + 1, U))  # row 0: the observed split

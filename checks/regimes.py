@@ -95,8 +95,16 @@ def _bootstrap_ci(
     cum = np.cumsum(mult[:, unit], 1)  # (R, M) how many values up to each sorted one
     total = cum[:, -1]
 
-    def kth(k: np.ndarray) -> np.ndarray:  # the k-th (0-based) value of each resample
-        return vals[(cum > k[:, None]).argmax(1)]
+    # the k-th (0-based) value of each resample: the first sorted value whose count passes k. The
+    # rows of cum are nondecreasing, so one searchsorted over the rows laid end to end (row i
+    # shifted by i * step) finds every row's position at once.
+    R, M = cum.shape
+    step = float(total.max()) + 1.0
+    flat = (cum + step * np.arange(R)[:, None]).ravel()
+
+    def kth(k: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(flat, k + step * np.arange(R), side="right") - M * np.arange(R)
+        return vals[pos]
 
     meds = 0.5 * (kth((total - 1) // 2) + kth(total // 2))  # np.median: the mean of the middle two
     return [float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))]

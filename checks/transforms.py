@@ -6,7 +6,8 @@ Owns pure functions Episode -> Episode (raw units; nothing here knows the model)
                             responds d steps later than the checked data (d steps of missing
                             latency); a response that lags the logged wind or speed is a latency gap
                             too, with or without command channels
-  actuator(ep, c, ...)      commands of channel c through gain / offset / deadband
+  actuator(ep, c, ...)      commands of channel c through gain / offset / deadband (the arithmetic,
+                            on any array of commands: actuator_values)
   actuator_correction(...)  one of those factors by name (what the attribution searches try)
   observation_noise(...)    add Gaussian noise or a bias to observation channels
   observation_scale(ep, f)  observations x f (a proportional bias: fuel use 10 % too high)
@@ -47,20 +48,32 @@ def deadband(a: np.ndarray, width: float) -> np.ndarray:
     return np.sign(a) * np.maximum(np.abs(a) - width, 0.0)
 
 
+def actuator_values(a: np.ndarray, gain: float = 1.0, offset: float = 0.0, band: float = 0.0) -> np.ndarray:
+    """Commands (any shape, raw units) through the actuator model: deadband(a, band) * gain + offset,
+    computed in float64 and returned as float32, as logs store commands."""
+    if gain == 1.0 and offset == 0.0 and band == 0.0:
+        return np.asarray(a, np.float32)
+    return (deadband(np.asarray(a, np.float64), band) * gain + offset).astype(np.float32)
+
+
 def actuator(ep: Episode, channel: int, gain: float = 1.0, offset: float = 0.0, band: float = 0.0) -> Episode:
     """Channel `channel` of the commands becomes deadband(a, band) * gain + offset (raw units)."""
     if gain == 1.0 and offset == 0.0 and band == 0.0:
         return ep
-    a = ep.actions.astype(np.float64).copy()
-    a[:, channel] = deadband(a[:, channel], band) * gain + offset
-    return _replace(ep, actions=a.astype(np.float32))
+    a = ep.actions.astype(np.float32).copy()
+    a[:, channel] = actuator_values(ep.actions[:, channel], gain, offset, band)
+    return _replace(ep, actions=a)
+
+
+def correction_kwargs(kind: str, value: float) -> dict:
+    """`actuator`'s keyword for one factor: kind "gain" | "offset" | "deadband"."""
+    return {"gain": dict(gain=value), "offset": dict(offset=value), "deadband": dict(band=value)}[kind]
 
 
 def actuator_correction(ep: Episode, channel: int, kind: str, value: float) -> Episode:
     """One factor of `actuator`: kind "gain" | "offset" | "deadband" with its value (raw units for
     offset and deadband width)."""
-    kw = {"gain": dict(gain=value), "offset": dict(offset=value), "deadband": dict(band=value)}[kind]
-    return actuator(ep, channel, **kw)
+    return actuator(ep, channel, **correction_kwargs(kind, value))
 
 
 def observation_noise(

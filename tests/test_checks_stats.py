@@ -329,8 +329,14 @@ def test_rank_permutation_with_few_real_blocks_against_many_checked():
     counts = np.bincount(sub.ravel(), minlength=5000)
     assert abs(counts.mean() - 20.0) < 1e-9 and counts.std() < 1.3 * np.sqrt(20.0)
     x, y = rng.normal(size=3000), rng.normal(size=5)
-    small = _random_subsets(np.random.default_rng(0), 20000, 300, 5)  # the sorting path
+    small = _random_subsets(np.random.default_rng(0), 20000, 20, 5)  # k^2 > n: the k smallest uniforms
     assert small.shape == (20000, 5) and all(len(set(r)) == 5 for r in small[:2000])
+    counts = np.bincount(small.ravel(), minlength=20)  # every position in 1/4 of the subsets
+    assert abs(counts.mean() - 5000.0) < 1e-9 and counts.std() < 3 * np.sqrt(5000 * 0.75)
+    pairs = np.bincount((small[:, :, None] * 20 + small[:, None, :]).ravel(), minlength=400).reshape(20, 20)
+    off = pairs[~np.eye(20, dtype=bool)]  # each ordered pair of distinct positions equally often
+    assert off.std() < 3 * np.sqrt(off.mean())
+    assert all(sorted(r) == [0, 1, 2, 3] for r in _random_subsets(np.random.default_rng(0), 3, 4, 4))  # k = n
     ps = [mann_whitney_greater(rng.normal(size=3000), rng.normal(size=5), rng, 2000) for _ in range(200)]
     assert 0.35 < np.mean(ps) < 0.65 and np.mean(np.array(ps) < 0.1) < 0.18
     assert mann_whitney_greater(x + 2.0, y, rng) < 0.01
