@@ -179,14 +179,21 @@ def actuator_fit_row(g: GapEvidence, verdict: str) -> dict:
         "per_channel": per_channel,
         "scores": t_per,
         "judgeable": d.box,
+        "untested": [_param_words(p, d.names) for p in d.untestable],
         "confounded": [{"a": a, "b": b, "correlation": r4(c)} for a, b, c in d.fit.confounded],
     }
+    untested = (
+        "; not tested, because every such correction moves commands outside the training logs' range: "
+        + ", ".join(estimate["untested"])
+        if d.untestable
+        else ""
+    )
     return _row(
         g,
         verdict,
         estimate,
         None if best is None else [r4(best.interval[0]), r4(best.interval[1])],
-        _fit_test_words(d) + _fit_words(d) + _support_words(d),
+        _fit_test_words(d) + _fit_words(d) + _support_words(d) + untested,
     )
 
 

@@ -241,6 +241,31 @@ def test_actuator_gain_gap_detected(pendulum):
     assert est["kind"] == "gain" and 0.2 <= est["value"] <= 0.5, est
 
 
+def test_a_parameter_the_model_cannot_judge_is_not_tested(pendulum, monkeypatch):
+    """A command parameter whose judgeable box is the identity alone (sysid.bounds: lo = hi) is left
+    out of the actuator score test and listed as untested; the gain of 0.3 is still found."""
+    from wmcheck.checks import sysid
+
+    run, meta, tmp = pendulum
+    sim = _sim(tmp, meta, "gain_boxed", RealityProfile(actuator_gain=0.3))
+    real_bounds = sysid.bounds
+
+    def offset_boxed(norm, episodes, layout, cfg, alpha):
+        lo, hi = real_bounds(norm, episodes, layout, cfg, alpha)
+        for j, p in enumerate(layout.params):
+            if p.kind == "offset":
+                lo[j] = hi[j] = 0.0
+        return lo, hi
+
+    assert run_check(run, sim)["gaps"]["actuator"]["estimate"]["untested"] == []
+    monkeypatch.setattr(sysid, "bounds", offset_boxed)
+    report = run_check(run, sim)
+    row = report["gaps"]["actuator"]
+    assert row["estimate"]["untested"] == ["offset on torque"], row["estimate"]
+    assert set(row["estimate"]["scores"]["torque"]) == {"gain", "deadband"}
+    assert "not tested" in row["explanation"] and row["verdict"] == "present", row
+
+
 def test_dynamics_gap_attributed_to_dynamics_not_sensor_noise(pendulum):
     """Gravity x1.5: the one-step residuals grow, as with sensor noise, but they are coloured (the
     error is a smooth function of the state), so the whiteness test gives them to dynamics."""
