@@ -11,7 +11,8 @@ step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the gu
      `horizon` steps against the real blocks' quantile. Outside for `enter_steps` consecutive
      steps -> the fallback controller acts; inside again for `exit_steps` consecutive steps -> the
      policy acts again (hysteresis);
-  3. (c) rollback, from four statistics, each tested at `rollback_alpha`:
+  3. (c) rollback, from four statistics, the three in-episode ones each tested at `rollback_alpha`
+     and the deployment looks at spent levels:
      - one-step: every `rollback_window` steps after the warm-up, the mean one-step NLL of those
        steps gets its conformal p-value against every window of as many consecutive steps in the
        held-out real blocks (`BlockScores.nll_steps`). Under faithful operation a window is
@@ -34,7 +35,7 @@ step) and `GuardedEnv` (the same as a `gymnasium.Wrapper`). At every step the gu
        over the parameters. The direction a score points is what a gain of 0.3 or a late actuator
        changes most, where the open-loop divergence only sees its size;
      `consecutive` flagged tests in a row of any statistic raise the rollback signal (the
-     `on_rollback` callback, once per episode). Each statistic is tested at `rollback_alpha`;
+     `on_rollback` callback, once per episode);
      - deployment (`deployment_episodes`): after every finished episode, the open-loop and
        corrections' statistics of the last few episodes' blocks, pooled with episodes as the units
        (runtime/deployment.py), for a gap one episode is too short to show. The looks' levels are
