@@ -691,10 +691,12 @@ def message(
         if dec.policy_confounded:
             parts.append(
                 ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded or dec.divergence_confounded) else "")
-                + f"the correction tests find {', '.join(dec.policy_confounded)}, but the checked commands follow another "
-                "policy than the real logs' (closed loop), and under another policy the model's own small errors "
-                "correlate with the commands as a delay or a gain would; this is not a pass: to judge latency and "
-                "actuator, also check the simulator under the logs' policy, or replaying the logged commands."
+                + f"the gap tests find {', '.join(dec.policy_confounded)}, but the checked commands follow another "
+                "policy than the real logs', and their thresholds come from real episodes of the logs' policy: under "
+                "another policy the model's own small errors correlate with the commands as a delay or a gain would, "
+                "and its residuals grow or shrink with how the commands excite the system; this is not a pass: to "
+                f"judge {', '.join(dec.policy_confounded)}, also check the simulator under the logs' policy, or "
+                "replaying the logged commands."
             )
     elif dec.verdict == "inconclusive":
         parts.append(inconclusive_sentence(dec, ev, power))
