@@ -10,7 +10,8 @@ from wmcheck.scripts.config_args import add_options, config_kwargs
 
 STOPS = {
     "max_steps": "the --max-steps cap",
-    "early_stopping": "early stopping: no better validation metric (--stop-on) in --patience validations",
+    "early_stopping": "early stopping: the last --patience validations improved the validation metric "
+    "(--stop-on) by at most --min-improvement of its total improvement",
     "time_budget": "the --max-minutes budget",
 }
 
@@ -28,6 +29,7 @@ TRAIN_OPTIONS = [
     "warmup",
     "val_every",
     "patience",
+    "min_improvement",
     "stop_on",
     "max_minutes",
     "ckpt_every",

@@ -349,6 +349,7 @@ def test_a_diverging_run_stops_with_a_clear_error(pendulum_log, tmp_path):
         (["--horizon", "1"], "horizon >= 2"),
         (["--lr", "nan"], "lr must be a finite number > 0"),
         (["--stop-on", "bogus"], "stop_on must be one of openloop, loss"),
+        (["--min-improvement", "1"], "min_improvement must be in [0, 1)"),
     ],
 )
 def test_bad_training_options_are_refused_before_anything_is_written(option, words, pendulum_log, tmp_path, capsys):

@@ -47,8 +47,13 @@ class TrainConfig:
     val_every: int = 250
     """Optimiser steps between validation + open-loop evaluations (and early-stopping decisions)."""
     patience: int = 4
-    """Early stopping: stop after this many validations without a new best value of the `stop_on`
-    metric (0 = never stop early). The best checkpoint, not the last, becomes RUNDIR/model.pt."""
+    """Early stopping: stop when the last `patience` validations together improved the best value of
+    the `stop_on` metric by at most `min_improvement` of its total improvement since the first
+    validation (0 = never stop early). The best checkpoint, not the last, becomes RUNDIR/model.pt."""
+    min_improvement: float = 0.05
+    """Early stopping's share (training/stopping.py): 0 = stop only after `patience` validations
+    without any new best. The validation loss keeps creeping down long after the open-loop error has
+    levelled off, so the last few percent of it cost most of the time (docs/model.md)."""
     stop_on: str = "loss"
     """The metric of early stopping and of the best checkpoint: "loss" = `val/loss/total`, the
     training objective on held-out windows; "openloop" = `val/openloop_nrmse`, the mean NRMSE over
@@ -97,6 +102,8 @@ class TrainConfig:
             raise ValueError(f"agc must be finite and >= 0 and warmup >= 0, got {self.agc}, {self.warmup}")
         if self.patience < 0 or not (math.isfinite(self.max_minutes) and self.max_minutes >= 0):
             raise ValueError(f"patience and max_minutes must be >= 0, got {self.patience}, {self.max_minutes}")
+        if not (isinstance(self.min_improvement, (int, float)) and 0.0 <= self.min_improvement < 1.0):
+            raise ValueError(f"min_improvement must be in [0, 1), got {self.min_improvement}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.folds == 1 or self.folds < 0 or not (self.folds == 0 or 0 <= self.fold < self.folds):

@@ -11,9 +11,10 @@ Owns the run directory layout:
   RUNDIR/model.pt                 the exported model (weights + JSON config/normaliser/channels + data hash)
 A run killed at any point resumes from last.ckpt when `train` is called again with the same RUNDIR.
 
-Training ends at the first of: `max_steps` (a cap), early stopping (`patience` validations without a
-new best value of the `stop_on` metric: by default the validation loss, or the held-out open-loop
-NRMSE), the wall-clock budget `max_minutes`. Any of these is a finished run; a
+Training ends at the first of: `max_steps` (a cap), early stopping (the last `patience` validations
+brought at most `min_improvement` of the total improvement of the `stop_on` metric: by default the
+validation loss, or the held-out open-loop NRMSE; training/stopping.py), the wall-clock budget
+`max_minutes`. Any of these is a finished run; a
 run that stops otherwise (a signal, a crash) is not, and the next call resumes it. With a
 validation split the exported model is the best checkpoint's, not the last step's.
 """
@@ -39,6 +40,7 @@ from wmcheck.training.datamodule import LogDataModule
 from wmcheck.training.module import NonFiniteLoss, WorldModelModule
 from wmcheck.training.progress import training_progress
 from wmcheck.training.quality import QualityCard, compute_card, log_card, write_card
+from wmcheck.training.stopping import DiminishingReturnsStopping
 from wmcheck.worldmodel.config import preset
 
 
@@ -114,7 +116,7 @@ def train(
 def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, resume: bool) -> TrainResult:
     """The run itself, in a locked RUNDIR (see train)."""
     import lightning as L
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import TensorBoardLogger
 
     t = run_config.train
@@ -163,7 +165,7 @@ def _train_in(out: Path, log_path, dm: LogDataModule, run_config: RunConfig, res
         )
         callbacks.append(best_ckpt)
         if t.patience:
-            early = EarlyStopping(monitor=monitor, mode="min", patience=t.patience, min_delta=0.0)
+            early = DiminishingReturnsStopping(monitor, t.patience, t.min_improvement)
             callbacks.append(early)
     for noisy in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda", "lightning.fabric"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -345,7 +347,7 @@ def stop_reason(trainer, t: TrainConfig, early) -> str | None:
     interrupted (a signal or an error), i.e. the run is not finished."""
     if trainer.global_step >= t.max_steps:
         return "max_steps"
-    if early is not None and early.wait_count >= early.patience:
+    if early is not None and early.stopped:
         return "early_stopping"
     timer = next((c for c in trainer.callbacks if type(c).__name__ == "Timer"), None)
     if t.max_minutes and timer is not None and (timer.time_remaining() or 0.0) <= 0.0:
