@@ -51,12 +51,16 @@ Run
       faithful HalfCheetah under hold:2 failed the sensor-noise row, docs/benchmarks.md). They
       make the run unverifiable, not failed.
   R4c divergence (an E1 episode, the pooled test) while the checked commands follow another policy
-      AND the visited states differ (G5) is confounded with the shift: the real blocks that set
-      the divergence thresholds were recorded under the logs' policy, in other states, and the
-      model's open-loop error depends on both (under a feedback controller near an unstable point
-      it grows whatever the simulator). It makes the run unverifiable, not failed. Either
-      condition alone does not excuse divergence: under the logs' policy a state shift is what a
-      gap does; under another policy on the same states the thresholds still apply.
+      than the logs' is confounded with the policy: the real blocks that set the divergence
+      thresholds were recorded under the logs' policy, and the model's open-loop error depends on
+      the commands it is given as well as on the states (under a feedback controller near an
+      unstable point it grows whatever the simulator; commands that change every 2 steps instead
+      of every 5 are harder to predict after each change). It makes the run unverifiable, not
+      failed. Until the twenty-second session R4c also asked for the visited states to differ
+      (G5); a faithful HalfCheetah under hold:2 whose distribution row missed then failed on
+      divergence alone, while its 11 siblings under hold:2 and the gait controller, whose
+      distribution rows fired, were unverifiable with the same scores (docs/benchmarks.md). Under
+      the logs' policy a state shift does not excuse divergence: that is what a gap does.
   R5  unverifiable when not failed and some episode is unverifiable (E2) or R4 / R4b / R4c applies;
       exit code 0 only when the gate allows unverifiable runs.
   R6  pass otherwise (exit 0), if R7 allows.
@@ -76,11 +80,11 @@ Run
 Top gap
   T1  among the dynamics-family gaps that fire (present or tolerated), the one the bootstrap
       separates (largest evidence in >= 90 % of replicates; attribution.separate_top), else none
-      with the ones it cannot separate listed. A row confounded with the shift (R4) or the policy
-      (R4b) is a candidate only in a run that fails on divergence (episodes, pooled), where it may
-      explain what failed (a dynamics gap moves the states; on HalfCheetah the policy test also
-      rejects gapped simulators under the logs' own policy, and latency is then still named).
-      Otherwise it is why the run is unverifiable, not a finding: on the detection benchmark such
+      with the ones it cannot separate listed. A row confounded with the shift (R4) is a candidate
+      only in a run that fails on divergence (episodes, pooled), where it may explain what failed
+      (a dynamics gap moves the states). A row confounded with the policy (R4b) never is: under
+      another policy divergence does not fail the run (R4c). Otherwise a confounded row is why
+      the run is unverifiable, not a finding: on the detection benchmark such
       rows named sensor_noise and actuator for faithful simulators. A row whose finding another gap
       type produces as well (`GapEvidence.confounded_with`: a fitted delay that rounds to zero steps
       is a filter of the commands, as a slower response is; gap_tests.sub_step) is not named: when
@@ -215,7 +219,7 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     shift_confounded = tuple(g for g in RESIDUAL_GAPS if shifted and g in fired)  # R4
     policy_confounded = tuple(g for g in POLICY_DEPENDENT_GAPS if policy_shifted and g in fired)  # R4b
     confounded_rows = shift_confounded + policy_confounded
-    divergence_excused = policy_shifted and shifted  # R4c
+    divergence_excused = policy_shifted  # R4c
 
     def divergence(tolerate: bool) -> list[str]:
         tolerated = [g for g, v in gaps.items() if v == "tolerated"] if tolerate else []

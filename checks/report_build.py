@@ -682,9 +682,9 @@ def message(
             )
             parts.append(
                 ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded) else "")
-                + f"{found}, but the checked commands follow another policy than the real logs' and the episodes "
-                "visit other states: the divergence thresholds come from real episodes of the logs' policy, and "
-                "the model's open-loop error depends on the policy and the states as well as on the simulator; "
+                + f"{found}, but the checked commands follow another policy than the real logs': the divergence "
+                "thresholds come from real episodes of the logs' policy, and the model's open-loop error depends on "
+                "the commands and the states it is given as well as on the simulator; "
                 "this is not a pass: to judge the simulator's dynamics, also check it under the logs' policy, or "
                 "replaying the logged commands."
             )

@@ -255,18 +255,17 @@ CASES = [
         "distribution",
     ),
     (
-        "T1 a run failing on divergence under another policy may name an R4b row (the largest evidence); "
-        "the rows do not fail it themselves",
+        "T1 under another policy divergence does not fail the run (R4c), so an R4b row is not named",
         dict(
             policy_shifted=True,
             divergent=1,
             fire=("actuator", "dynamics"),
             boot={"actuator": np.full(50, 9.0), "dynamics": np.full(50, 4.0)},
         ),
-        "fail",
+        "unverifiable",
         1,
-        ("episodes",),
-        "actuator",
+        (),
+        "none",
     ),
     (
         "R4b covers the residual rows: a sensor-noise gap under another policy, on the logs' states, is unverifiable",
@@ -301,12 +300,28 @@ CASES = [
         "visual",
     ),
     (
-        "R4b does not excuse divergence: a divergent episode under another policy, on the logs' states, fails",
+        "R4c a divergent episode under another policy on the logs' states: unverifiable, not fail",
         dict(policy_shifted=True, divergent=1, fire=("latency",)),
+        "unverifiable",
+        1,
+        (),
+        "none",
+    ),
+    (
+        "R4c the pooled test under another policy on the logs' states: unverifiable, not fail",
+        dict(policy_shifted=True, pooled=True),
+        "unverifiable",
+        1,
+        (),
+        "none",
+    ),
+    (
+        "R4c excuses divergence only: an ending gap under another policy on the logs' states still fails",
+        dict(policy_shifted=True, divergent=1, fire=("ending",)),
         "fail",
         1,
-        ("episodes",),
-        "latency",
+        ("ending",),
+        "ending",
     ),
     (
         "R4c a divergent episode under another policy on other states: unverifiable, not fail",
@@ -397,7 +412,8 @@ def test_r4c_names_the_divergence_it_excuses():
     dec = decide(evidence(policy_shifted=True, shifted=True, divergent=1, pooled=True), LEVELS)
     assert dec.divergence_confounded == ("episodes", "pooled") and dec.failing_without_tolerance == ()
     assert decide(evidence(policy_shifted=True, shifted=True), LEVELS).divergence_confounded == ()
-    assert decide(evidence(policy_shifted=True, divergent=1), LEVELS).divergence_confounded == ()
+    assert decide(evidence(policy_shifted=True, divergent=1), LEVELS).divergence_confounded == ("episodes",)
+    assert decide(evidence(policy_shifted=False, shifted=True, divergent=1), LEVELS).divergence_confounded == ()
     # R2 first: the divergence R4c would excuse is judged after the tolerated corrections
     clean = evidence(
         policy_shifted=True, shifted=True, divergent=1, fire=("visual",), tolerate=("visual",), corrected_clean=True

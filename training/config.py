@@ -50,7 +50,7 @@ class TrainConfig:
     """Early stopping: stop when the last `patience` validations together improved the best value of
     the `stop_on` metric by at most `min_improvement` of its total improvement since the first
     validation (0 = never stop early). The best checkpoint, not the last, becomes RUNDIR/model.pt."""
-    min_improvement: float = 0.05
+    min_improvement: float = 0.02
     """Early stopping's share (training/stopping.py): 0 = stop only after `patience` validations
     without any new best. The validation loss keeps creeping down long after the open-loop error has
     levelled off, so the last few percent of it cost most of the time (docs/model.md)."""
