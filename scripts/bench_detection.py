@@ -291,8 +291,12 @@ def _auroc(rows, controls, score) -> float | None:
     return rank_auc(x, y) if x and y else None
 
 
-def _row_stats(rows: list[dict], controls: list[dict]) -> dict:
-    """Detection, AUROC against the controls and attribution of rows sharing a truth, with baselines."""
+def _row_stats(rows: list[dict], controls: list[dict], logs_controls: list[dict] | None = None) -> dict:
+    """Detection, AUROC against the controls and attribution of rows sharing a truth, with baselines.
+    `logs_controls`: the controls under the logs' own policy (the `_logs` AUROCs rank against them
+    alone; under another policy every detector flags a faithful simulator, so against all controls
+    an AUROC also measures whether a gap moves a score further than a change of policy does)."""
+    logs_controls = controls if logs_controls is None else logs_controls
     return {
         "n": len(rows),
         "truth": list(rows[0]["truth"]) if rows else [],
@@ -301,6 +305,8 @@ def _row_stats(rows: list[dict], controls: list[dict]) -> dict:
         "auroc": _auroc(rows, controls, lambda r: r["score"]),
         # the decision's own ranking (decision.strength: the largest test-to-threshold ratio)
         "auroc_strength": _auroc(rows, controls, lambda r: r.get("strength")),
+        "auroc_logs": _auroc(rows, logs_controls, lambda r: r["score"]),
+        "auroc_strength_logs": _auroc(rows, logs_controls, lambda r: r.get("strength")),
         "attribution": _rate(rows, lambda r: r["top_gap"] in r["truth"]),
         "sensor_noise_row": _rate(rows, lambda r: "sensor_noise" in r["present"]),
         "top_gaps": [r["top_gap"] for r in rows],
@@ -308,6 +314,7 @@ def _row_stats(rows: list[dict], controls: list[dict]) -> dict:
             b: {
                 "detection": _rate(rows, lambda r, b=b: r["baselines"][b]["flagged"]),
                 "auroc": _auroc(rows, controls, lambda r, b=b: r["baselines"][b]["score"]),
+                "auroc_logs": _auroc(rows, logs_controls, lambda r, b=b: r["baselines"][b]["score"]),
             }
             for b in BASELINES
         },
@@ -316,6 +323,7 @@ def _row_stats(rows: list[dict], controls: list[dict]) -> dict:
 
 def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
     controls = [r for r in results if r["family"] == "control"]
+    logs_controls = [r for r in controls if r["policy"] == spec.policy]
     conditions = list(dict.fromkeys(r["condition"] for r in controls))
     summary = {
         "false_alarms": {
@@ -345,7 +353,7 @@ def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
     det = [r for r in results if r["family"] == "deterministic"]
     for cond in dict.fromkeys(r["condition"] for r in det):
         summary["deterministic"].append(
-            {"row": cond, **_row_stats([r for r in det if r["condition"] == cond], controls)}
+            {"row": cond, **_row_stats([r for r in det if r["condition"] == cond], controls, logs_controls)}
         )
     for gap, sizes in spec.gap_sizes().items():
         for size in sizes:
@@ -361,7 +369,7 @@ def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
                 "gap": gap,
                 "size": float(size),
                 "units": UNITS[gap],
-                **_row_stats(rows, controls),
+                **_row_stats(rows, controls, logs_controls),
                 "estimate_mean_abs_error": _mean(abs_errs),
                 "estimates": [e for e in errs if e],
                 "power_predicted": _mean(pred),
@@ -469,14 +477,16 @@ def targets(spec: SystemSpec, summary: dict, alpha: float) -> list[dict]:
         (f"deterministic {d['row']}", d) for d in det
     ]
 
-    def arx(c: dict) -> float | None:
-        return c["baselines"]["arx"]["auroc"]
+    def arx(c: dict, key: str) -> float | None:
+        return c["baselines"]["arx"].get("auroc_logs" if key.endswith("_logs") else "auroc")
 
     for key, what in (
         ("auroc", "wmcheck AUROC"),
         ("auroc_strength", "wmcheck AUROC of the decision's evidence strength"),
+        ("auroc_logs", "wmcheck AUROC against the controls under the logs' policy"),
+        ("auroc_strength_logs", "wmcheck AUROC of the evidence strength against the controls under the logs' policy"),
     ):
-        lost = [n for n, c in rows if c.get(key) is not None and arx(c) is not None and c[key] < arx(c)]
+        lost = [n for n, c in rows if c.get(key) is not None and arx(c, key) is not None and c[key] < arx(c, key)]
         out.append(
             _target(
                 f"{what} >= the linear ARX baseline's on every row",

@@ -487,3 +487,31 @@ def test_bench_guard_e_detector_is_valid_on_uniform_p_values_and_fires_on_small_
     assert alarms <= 21 / E_DETECTOR_THRESHOLD, alarms
     assert shiryaev_roberts_alarm([0.5] * 10 + [0.002] * 3, E_DETECTOR_THRESHOLD)
     assert not shiryaev_roberts_alarm([0.5] * 10 + [0.002], E_DETECTOR_THRESHOLD)
+
+
+def test_detection_auroc_against_the_logs_policy_controls_leaves_the_other_policies_out():
+    """`auroc_logs` ranks a row against the controls recorded under the logs' own policy only; under
+    another policy every detector flags a faithful simulator, which the all-controls AUROC mixes in."""
+    from wmcheck.scripts import bench_detection as bd
+
+    def row(score, policy="hold:5"):
+        base = {b: {"score": score, "flagged": False, "p": 0.5} for b in bd.BASELINES}
+        return {
+            "score": score,
+            "strength": score,
+            "policy": policy,
+            "baselines": base,
+            "verdict": "fail",
+            "flagged": True,
+            "truth": ["latency"],
+            "top_gap": "latency",
+            "present": [],
+        }
+
+    controls = [row(0.1), row(0.2), row(0.95, "hold:2"), row(0.99, "hold:2")]
+    logs = [c for c in controls if c["policy"] == "hold:5"]
+    stats = bd._row_stats([row(0.5)], controls, logs)
+    assert stats["auroc"] == 0.5 and stats["auroc_logs"] == 1.0
+    assert stats["auroc_strength"] == 0.5 and stats["auroc_strength_logs"] == 1.0
+    assert stats["baselines"]["arx"]["auroc"] == 0.5 and stats["baselines"]["arx"]["auroc_logs"] == 1.0
+    assert bd._row_stats([row(0.5)], controls)["auroc_logs"] == 0.5  # without the split: all controls
