@@ -815,7 +815,7 @@ def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:
         return (
             f"INCONCLUSIVE: nothing in the {n_ep} checked episode(s) diverges, but this is not a pass: "
             f"{ev.model_quality.sentence()}, so it cannot tell a simulator's error from its own. What would fix "
-            "it: train longer (--max-steps, --patience), a larger --preset, or on more real data; the quality "
+            "it: train longer (--max-steps, --patience, --min-improvement 0), a larger --preset, or on more real data; the quality "
             "card is RUNDIR/quality.json."
             + (
                 f" Besides, the check could not have seen {', '.join(dec.missing_power)} gaps."

@@ -118,7 +118,7 @@ class QualityCard:
             rows.append(("" if c.competent else "WARNING: ") + c.sentence() + ".")
             if not c.competent:
                 rows.append(
-                    "  Checks on this model will be inconclusive: train longer (--max-steps, --patience), "
+                    "  Checks on this model will be inconclusive: train longer (--max-steps, --patience, --min-improvement 0), "
                     "a larger --preset, or on more real data."
                 )
         return rows
