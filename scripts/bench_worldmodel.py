@@ -15,6 +15,8 @@ one run:
                      stopping on the validation loss, the best checkpoint exported);
   defaults-openloop  the defaults with `--stop-on openloop`: early stopping and the best checkpoint
                      on the held-out open-loop NRMSE (its own windows, not the card's);
+  defaults-share0    (only when asked for with --configs) the defaults with `--min-improvement 0`:
+                     the stopping rule before the share (no new best in --patience validations);
 and compare the quality cards `train` writes (training/quality.py): on held-out windows of the
 validation episodes, after `context` observed steps, under the logged controls, the world model
 (mean of 16 sampled rollouts) against persistence and ARX(p, q) fitted on the training episodes
@@ -49,7 +51,7 @@ from wmcheck.training.run import build_run_config, train
 
 CONTEXT = 16
 HORIZONS = (1, 4, 16, 64)
-CONFIGS = ("fixed", "defaults", "defaults-openloop")
+CONFIGS = ("fixed", "defaults", "defaults-openloop", "defaults-share0")
 
 
 @dataclass
@@ -137,13 +139,14 @@ def train_config(spec: SystemSpec, config: str, args) -> TrainConfig:
         progress_bar=False,
         accelerator="cpu" if args.device == "cpu" else "auto",
     )
-    if config in ("defaults", "defaults-openloop"):
-        stop_on = {"defaults": TrainConfig().stop_on, "defaults-openloop": "openloop"}[config]
+    if config.startswith("defaults"):
+        stop_on = "openloop" if config == "defaults-openloop" else TrainConfig().stop_on
+        share = {"min_improvement": 0.0} if config == "defaults-share0" else {}
         if args.quick:  # a seconds-long smoke test of the same path
             return TrainConfig(
-                **protocol, stop_on=stop_on, max_steps=8, val_every=4, warmup=2, batch_size=4, seq_len=16
+                **protocol, **share, stop_on=stop_on, max_steps=8, val_every=4, warmup=2, batch_size=4, seq_len=16
             )
-        return dataclasses.replace(TrainConfig(), stop_on=stop_on, **protocol)
+        return dataclasses.replace(TrainConfig(), stop_on=stop_on, **share, **protocol)
     return TrainConfig(
         preset=spec.preset,
         max_steps=spec.steps,
@@ -266,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         "--configs",
         default="fixed,defaults,defaults-openloop",
         help="training configurations compared: fixed (each system's benchmark budget), defaults (`wmcheck "
-        "train` without a flag) and/or defaults-openloop (the defaults stopping on the open-loop NRMSE)",
+        "train` without a flag), defaults-openloop (the defaults stopping on the open-loop NRMSE) and/or "
+        "defaults-share0 (the defaults with --min-improvement 0, the stopping rule before the share)",
     )
     p.add_argument("--quick", action="store_true", help="tiny logs, debug preset, 4 steps: a smoke test")
     p.add_argument("--reuse", action="store_true", help="keep OUT/work logs and runs (a finished run is not retrained)")
