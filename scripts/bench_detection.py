@@ -532,14 +532,17 @@ def _r(r: dict) -> str:
 
 
 def _auc2(c: dict) -> str:
-    """AUROC of the block score / of the decision's evidence strength."""
-    return f"{_f(c['auroc'])} / {_f(c.get('auroc_strength'))}"
+    """AUROC of the block score / of the decision's evidence strength against all controls, and in
+    brackets against the controls under the logs' policy."""
+    logs = f" ({_f(c.get('auroc_logs'))} / {_f(c.get('auroc_strength_logs'))})" if "auroc_logs" in c else ""
+    return f"{_f(c['auroc'])} / {_f(c.get('auroc_strength'))}{logs}"
 
 
 def _base_cols(c: dict) -> str:
-    return " | ".join(
-        f"{_f(c['baselines'][b]['detection']['rate'])} / {_f(c['baselines'][b]['auroc'])}" for b in BASELINES
-    )
+    def auc(b: dict) -> str:
+        return _f(b["auroc"]) + (f" ({_f(b['auroc_logs'])})" if "auroc_logs" in b else "")
+
+    return " | ".join(f"{_f(c['baselines'][b]['detection']['rate'])} / {auc(c['baselines'][b])}" for b in BASELINES)
 
 
 def _training(s: dict) -> str:
@@ -946,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
             "A check flags a simulator when its verdict is `fail` or `unverifiable` (`inconclusive` is counted apart, "
             f"`error` = no verdict); baselines flag at p < alpha = {CHECK_CONFIG.alpha}. "
             "AUROC: `summary.score` / `summary.evidence_strength` (baselines: their scores) of each row against all "
-            "faithful controls. "
+            "faithful controls, in brackets against those under the logs' own policy. "
             "Attributed: `summary.top_gap` is one of the row's true gaps. Predicted power: calibration's power table in each report "
             f"(mean over the cell's checks). {info['cpu_count']} CPUs, {info['torch_threads']} torch thread(s), "
             f"{args.workers} check worker(s), training on {args.device}; total {info['total_seconds']:.0f} s.",
