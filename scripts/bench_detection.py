@@ -397,7 +397,7 @@ def summarise(spec: SystemSpec, results: list[dict], alpha: float) -> dict:
                 "verdicts": [r["verdict"] for r in rows],
                 "errors": [r.get("error") for r in rows if r["verdict"] == "error"],
                 "got_a_verdict": _rate(rows, lambda r: r["verdict"] != "error"),
-                **_row_stats(rows, controls),
+                **_row_stats(rows, controls, logs_controls),
             }
         )
     summary["targets"] = targets(spec, summary, alpha)
@@ -534,15 +534,14 @@ def _r(r: dict) -> str:
 def _auc2(c: dict) -> str:
     """AUROC of the block score / of the decision's evidence strength against all controls, and in
     brackets against the controls under the logs' policy."""
-    logs = f" ({_f(c.get('auroc_logs'))} / {_f(c.get('auroc_strength_logs'))})" if "auroc_logs" in c else ""
-    return f"{_f(c['auroc'])} / {_f(c.get('auroc_strength'))}{logs}"
+    return f"{_f(c['auroc'])} / {_f(c['auroc_strength'])} ({_f(c['auroc_logs'])} / {_f(c['auroc_strength_logs'])})"
 
 
 def _base_cols(c: dict) -> str:
-    def auc(b: dict) -> str:
-        return _f(b["auroc"]) + (f" ({_f(b['auroc_logs'])})" if "auroc_logs" in b else "")
-
-    return " | ".join(f"{_f(c['baselines'][b]['detection']['rate'])} / {auc(c['baselines'][b])}" for b in BASELINES)
+    return " | ".join(
+        f"{_f(b['detection']['rate'])} / {_f(b['auroc'])} ({_f(b['auroc_logs'])})"
+        for b in (c["baselines"][name] for name in BASELINES)
+    )
 
 
 def _training(s: dict) -> str:
