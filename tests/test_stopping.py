@@ -69,48 +69,75 @@ def test_non_finite_values_never_count_as_improvement():
     assert plateaued([math.nan, math.nan, math.nan], 2, 0.05)
 
 
-class _Strategy:
-    def reduce_boolean_decision(self, decision, all=True):
-        return decision
+VALUES = [3.0, 1.0, 0.2, 0.1, 0.09, 0.085, 0.084, 0.0839, 0.0838, 0.0837]
+"""Validation values, one per validation; with patience 2 and share 0.05 the rule stops at the 5th."""
+EVERY = 2  # optimiser steps between validations
 
 
-class _Trainer:
-    """The attributes the callback reads: the Lightning Trainer's own names."""
+class _Scripted:
+    """A LightningModule whose validation logs VALUES[k] at its k-th validation (k from the global
+    step, so a resumed run logs what the uninterrupted one did) under `metric`."""
 
-    def __init__(self, value):
-        from lightning.pytorch.trainer.states import TrainerFn, TrainerState
+    def __new__(cls, metric="val/loss/total"):
+        import lightning as L
+        import torch
 
-        self.sanity_checking = False
-        self.state = TrainerState(fn=TrainerFn.FITTING)
-        self.callback_metrics = {"val/loss/total": value}
-        self.strategy = _Strategy()
-        self.should_stop = False
+        class Module(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.zeros(1))
 
+            def training_step(self, batch, _):
+                return (self.w - batch[0]).pow(2).mean()
 
-@pytest.mark.parametrize("split_at", [1, 3, 5])
-def test_a_resumed_callback_decides_as_the_uninterrupted_one(split_at):
-    values = [3.0, 1.0, 0.2, 0.1, 0.09, 0.085, 0.084, 0.0839]
-    whole = DiminishingReturnsStopping("val/loss/total", 2, 0.05)
-    stops = []
-    for v in values:
-        t = _Trainer(v)
-        whole.on_validation_end(t, None)
-        stops.append(t.should_stop)
-    first = DiminishingReturnsStopping("val/loss/total", 2, 0.05)
-    for v in values[:split_at]:
-        first.on_validation_end(_Trainer(v), None)
-    resumed = DiminishingReturnsStopping("val/loss/total", 2, 0.05)
-    resumed.load_state_dict(first.state_dict())
-    again = []
-    for v in values[split_at:]:
-        t = _Trainer(v)
-        resumed.on_validation_end(t, None)
-        again.append(t.should_stop)
-    assert again == stops[split_at:]
-    assert any(stops) and resumed.stopped == whole.stopped
+            def validation_step(self, batch, _):
+                self.log(metric, VALUES[self.global_step // EVERY - 1])
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        return Module()
 
 
-def test_a_missing_metric_is_an_error_not_a_silent_run_to_the_cap():
-    cb = DiminishingReturnsStopping("val/openloop_nrmse", 2, 0.05)
-    with pytest.raises(RuntimeError, match="val/openloop_nrmse"):
-        cb.on_validation_end(_Trainer(1.0), None)
+def _fit(tmp_path, max_steps, metric="val/loss/total", ckpt_path=None):
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = DataLoader(TensorDataset(torch.ones(1000, 1)), batch_size=1)
+    stopper = DiminishingReturnsStopping("val/loss/total", 2, 0.05)
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        callbacks=[stopper],
+        val_check_interval=EVERY,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(_Scripted(metric), train_dataloaders=data, val_dataloaders=data, ckpt_path=ckpt_path)
+    return trainer, stopper
+
+
+@pytest.mark.parametrize("split_at", [1, 3, 4])  # validations before the interruption (the stop is the 5th)
+def test_a_resumed_run_stops_where_the_uninterrupted_one_does(split_at, tmp_path):
+    """Through a real Lightning Trainer and its checkpoint: the history is saved and restored."""
+    expected = first_stop(VALUES, 2, 0.05)
+    whole, stopper = _fit(tmp_path / "whole", max_steps=100)
+    assert stopper.stopped and whole.global_step == (expected + 1) * EVERY
+    first, _ = _fit(tmp_path / "first", max_steps=split_at * EVERY)
+    ckpt = tmp_path / "first.ckpt"
+    first.save_checkpoint(ckpt)
+    resumed, again = _fit(tmp_path / "resumed", max_steps=100, ckpt_path=str(ckpt))
+    assert again.stopped and resumed.global_step == whole.global_step
+    assert again.history == stopper.history == pytest.approx(VALUES[: expected + 1])  # logged as float32
+
+
+def test_a_missing_metric_is_an_error_not_a_silent_run_to_the_cap(tmp_path):
+    with pytest.raises(RuntimeError, match="val/loss/total"):
+        _fit(tmp_path, max_steps=10, metric="val/other")
