@@ -99,13 +99,13 @@ class _Scripted:
         return Module()
 
 
-def _fit(tmp_path, max_steps, metric="val/loss/total", ckpt_path=None):
+def _fit(tmp_path, max_steps, metric="val/loss/total", ckpt_path=None, share=0.05):
     import lightning as L
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     data = DataLoader(TensorDataset(torch.ones(1000, 1)), batch_size=1)
-    stopper = DiminishingReturnsStopping("val/loss/total", 2, 0.05)
+    stopper = DiminishingReturnsStopping("val/loss/total", 2, share)
     trainer = L.Trainer(
         max_steps=max_steps,
         callbacks=[stopper],
@@ -141,3 +141,20 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_does(split_at, tmp_path
 def test_a_missing_metric_is_an_error_not_a_silent_run_to_the_cap(tmp_path):
     with pytest.raises(RuntimeError, match="val/loss/total"):
         _fit(tmp_path, max_steps=10, metric="val/other")
+
+
+def test_a_run_resumed_after_it_stopped_trains_no_further_step(tmp_path):
+    """`wmcheck train` again on a run that stopped early (here with a higher step cap) stops
+    before its first step, on the restored history; a smaller share trains on where it says."""
+    whole, stopper = _fit(tmp_path / "whole", max_steps=100)
+    ckpt = tmp_path / "stopped.ckpt"
+    whole.save_checkpoint(ckpt)
+    again, again_stopper = _fit(tmp_path / "again", max_steps=200, ckpt_path=str(ckpt))
+    assert again_stopper.stopped and again.global_step == whole.global_step
+    assert again_stopper.history == stopper.history  # no validation ran
+
+    assert first_stop(VALUES, 2, 0.0) is None  # every value is a new best: share 0 never stops
+    cap = len(VALUES) * EVERY
+    later, later_stopper = _fit(tmp_path / "later", max_steps=cap, ckpt_path=str(ckpt), share=0.0)
+    assert not later_stopper.stopped and later.global_step == cap
+    assert later_stopper.history == pytest.approx(VALUES)

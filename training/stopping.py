@@ -18,7 +18,11 @@ of the loss cost most of the wall time and buy little.
 
 `DiminishingReturnsStopping` is the Lightning callback: it records the monitored metric after each
 validation, stops every process of a multi-device run when one decides to, and keeps its history in
-the checkpoint so a resumed run decides as the uninterrupted one would.
+the checkpoint so a resumed run decides as the uninterrupted one would. A run resumed after it
+stopped (`wmcheck train` again on the same folder, e.g. with a higher `--max-steps`) applies the rule
+to that history before its first step, with the settings it is given now: when it still holds, no
+step is trained (before, one more validation interval was trained before the rule stopped it again);
+a run given a smaller `--min-improvement` or a longer `--patience` trains on until its rule holds.
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ class DiminishingReturnsStopping(Callback):
     def state_key(self) -> str:
         return f"{type(self).__name__}[{self.monitor}]"
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        """A resumed run whose restored history already meets the rule stops before its first step."""
+        self.stopped = False  # decided again with this run's settings
+        self._decide(trainer)
+
     def on_validation_end(self, trainer, pl_module) -> None:
         from lightning.pytorch.trainer.states import TrainerFn
 
@@ -67,6 +76,9 @@ class DiminishingReturnsStopping(Callback):
         if value is None:
             raise RuntimeError(f"early stopping monitors {self.monitor!r}, which validation did not log")
         self.history.append(float(value))
+        self._decide(trainer)
+
+    def _decide(self, trainer) -> None:
         stop = plateaued(self.history, self.patience, self.min_improvement)
         stop = trainer.strategy.reduce_boolean_decision(stop, all=False)  # any process stopping stops all
         if stop:
