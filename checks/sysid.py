@@ -41,7 +41,8 @@ steps moves the gain's score as well). The parameters of the tests that fired (t
 command parameter, since a channel left at the identity biases the others' estimates: on
 HalfCheetah with every gain at 0.5, fitting the 2 significant channels gave 0.64 and 0.52, fitting
 all 6 gave 0.51-0.60 and a far lower J) are then fitted jointly, since a delay and a weak gain
-mimic each other: L-BFGS on the blocks' mean J plus a weak ridge toward the identity, projected onto the box
+mimic each other: L-BFGS on the blocks' mean J plus a weak ridge toward the identity (the delay
+alone: the one-dimensional `delay_search`), projected onto the box
 the model can judge (`bounds`: corrections that move no more commands outside the training logs'
 range than the identity does, or competence_alpha of them; attribution.allowed_corrections' rule).
 The estimate is relative to the same fit on the held-out real blocks (calibration: the model's own
@@ -553,6 +554,14 @@ def fit(
         if at_identity is not None:
             shifts, Js = np.append(0, shifts), np.append(at_identity.J.mean(), Js)
         x0[list(free).index(i_d)] = shifts[int(np.argmin(Js))]
+        if len(free) == 1:  # the delay alone: a bracketed search (delay_search)
+
+            def J_and_grad(d: float) -> tuple[float, float]:
+                e = ev(full(np.array([d])))
+                return float(e.J.mean()), float(e.grad.mean(0)[i_d])
+
+            d, _ = delay_search(J_and_grad, x0[0], shifts, Js, lo[i_d], hi[i_d], max_evals)
+            return _finish(full(np.array([d])), free, lo, hi, ev, p, len(cache) + scans)
     x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS(
         [x],
@@ -584,12 +593,105 @@ def fit(
         with contextlib.suppress(_Converged):
             opt.step(closure)
     theta = progress.theta if len(free) else full(x.detach().numpy())
+    return _finish(theta, free, lo, hi, ev, p, len(cache) + scans)
+
+
+def _finish(theta: np.ndarray, free: np.ndarray, lo, hi, ev, p: int, evaluations: int) -> Fit:
+    """The Fit at theta: its evaluation, J at the identity and which estimates sit on the box."""
     at_fit = ev(theta)
     J0 = float(ev(np.zeros(p)).J.mean())
     tol = 1e-9
     at_bound = (theta[free] <= lo[free] + tol) & (lo[free] < -tol) | (theta[free] >= hi[free] - tol) & (hi[free] > tol)
     at_bound |= (lo[free] == 0) & (hi[free] == 0)
-    return Fit(theta, free, J0, float(at_fit.J.mean()), at_fit, len(cache) + scans, at_bound)
+    return Fit(theta, free, J0, float(at_fit.J.mean()), at_fit, evaluations, at_bound)
+
+
+def delay_search(
+    J_and_grad, d0: float, shifts: np.ndarray, Js: np.ndarray, lo: float, hi: float, max_evals: int
+) -> tuple[float, int]:
+    """The delay alone (J_and_grad(d) -> mean J and its derivative in d; Js the scan's mean J at the
+    whole shifts), refined from the scan's best whole shift d0 by a safeguarded Newton search on
+    mean J + RIDGE / 2 d^2 (J is C1 in the delay: Catmull-Rom shift).
+
+    The minimum lies between d0 and its downhill neighbour (d0 is the scan's best; the gradient
+    at d0 says which side), whose J the scan already has: that is the bracket [a, b], a the best
+    point so far. Each step evaluates J and its gradient at the Newton point of the secant
+    curvature between a and the last other point with a gradient, when that curvature is
+    positive and the point falls inside the bracket; otherwise at the minimiser of the
+    bracket's interpolant (`_interpolated_minimum`). The bracket keeps the side that holds the
+    minimum. The search ends when the gradient is below TOL_GRAD, the bracket or the last
+    step's gain is below TOL_CHANGE, the gain the next step promises (g^2 / 2c for the secant,
+    the interpolant's otherwise) is below TOL_CHANGE, or after max_evals. It returns the best
+    delay evaluated and the number of evaluations (docs/benchmarks.md compares it with
+    L-BFGS on the same problem)."""
+    known = {float(d): float(J) + 0.5 * RIDGE * float(d) ** 2 for d, J in zip(shifts, Js)}
+
+    def objective(d: float) -> tuple[float, float]:
+        J, g = J_and_grad(d)
+        return float(J) + 0.5 * RIDGE * d * d, float(g) + RIDGE * d
+
+    a = float(np.clip(d0, lo, hi))
+    Ja, ga = objective(a)
+    evals = 1
+    if abs(ga) <= TOL_GRAD:
+        return a, evals
+    b = float(np.clip(a - np.sign(ga), lo, hi))  # the downhill neighbour
+    if abs(b - a) <= TOL_CHANGE:
+        return a, evals  # on the edge of the box, pushing out
+    gb = None
+    if b in known:
+        Jb = known[b]
+    else:
+        Jb, gb = objective(b)
+        evals += 1
+    other = (b, gb) if gb is not None else None  # the last point besides a with a gradient
+    while evals < max_evals and abs(ga) > TOL_GRAD and abs(b - a) > TOL_CHANGE:
+        c = (ga - other[1]) / (a - other[0]) if other is not None else 0.0
+        newton = a - ga / c if c > 0 else np.nan
+        if c > 0 and 0 < (newton - a) / (b - a) < 1:
+            t, predicted = newton, 0.5 * ga * ga / c
+        else:
+            t, predicted = _interpolated_minimum(a, Ja, ga, b, Jb, gb)
+        if predicted <= TOL_CHANGE:
+            break  # the next step promises less than a gain worth an evaluation
+        Jt, gt = objective(t)
+        evals += 1
+        if Jt >= Ja:  # the minimum lies between a and t
+            b, Jb, gb = t, Jt, gt
+            other = (t, gt)
+            continue
+        gain = Ja - Jt
+        if gt * (b - t) >= 0:  # downhill from t points back toward a: the minimum is between them
+            b, Jb, gb = a, Ja, ga
+        other = (a, ga)
+        a, Ja, ga = t, Jt, gt
+        if gain <= TOL_CHANGE:
+            break
+    return a, evals
+
+
+def _interpolated_minimum(a: float, Ja: float, ga: float, b: float, Jb: float, gb: float | None) -> tuple[float, float]:
+    """The minimiser on [a, b] of the quadratic through (Ja, ga at a; Jb at b), or of the cubic
+    through both ends' values and gradients (Nocedal & Wright eq. 3.59), kept within the inner
+    80 % of the bracket (the midpoint where the interpolant has no interior minimum); and the
+    gain the unclipped minimiser promises, -ga (t - a) / 2 (exact for a quadratic), or inf
+    where the interpolant has no minimum inside the bracket."""
+    h = b - a
+    s = 0.5
+    if gb is None:
+        q = Jb - Ja - ga * h  # curvature term of J(a + s h) = Ja + ga h s + q s^2
+        if q > 0:
+            s = -ga * h / (2 * q)
+    else:
+        d1 = ga + gb - 3 * (Ja - Jb) / (a - b)
+        disc = d1 * d1 - ga * gb
+        if disc >= 0:
+            d2 = np.sign(b - a) * np.sqrt(disc)
+            denom = gb - ga + 2 * d2
+            if denom != 0:
+                s = 1 - (gb + d2 - d1) / denom
+    predicted = max(-0.5 * ga * s * h, 0.0) if 0 < s < 1 else np.inf
+    return a + float(np.clip(s, 0.1, 0.9)) * h, predicted
 
 
 def cluster_score_cov(grad: np.ndarray, groups: np.ndarray) -> np.ndarray:

@@ -252,3 +252,75 @@ def test_a_fit_stops_on_repeats_of_its_best_point_not_on_worse_trials():
     hits = [p.stop_after(-2.0 + sysid.TOL_CHANGE / 2, np.array([1.0, 1e-9])) for _ in range(sysid.STALE_EVALS)]
     assert hits == [False] * (sysid.STALE_EVALS - 1) + [True]
     assert p.best == -2.0 and p.theta.tolist() == [1.0, 0.0]  # the point of the best J, not a later repeat
+
+
+@pytest.mark.parametrize("dstar, quartic", [(1.3, 0.01), (-0.7, 0.2), (2.95, 0.0), (0.0, 0.1), (0.5, 1.0)])
+def test_the_delay_search_finds_the_minimum_between_whole_shifts_in_a_few_evaluations(dstar, quartic):
+    """sysid.delay_search on smooth, non-quadratic objectives (a quartic and a ripple): from the
+    scan's best whole shift it reaches the minimum of J + RIDGE / 2 d^2 on a fine grid within
+    TOL_CHANGE in at most 6 evaluations, and at the box's edge, pushing out, it stays there after one."""
+
+    def J_and_grad(d):
+        u = d - dstar
+        return 0.05 * u**2 + quartic * u**4 + 0.002 * np.sin(3 * d), 0.1 * u + 4 * quartic * u**3 + 0.006 * np.cos(
+            3 * d
+        )
+
+    def obj(d):
+        return J_and_grad(d)[0] + 0.5 * sysid.RIDGE * d**2
+
+    shifts = np.arange(-3.0, 4.0)
+    Js = np.array([J_and_grad(s)[0] for s in shifts])
+    d0 = shifts[np.argmin(Js)]
+    d, evaluations = sysid.delay_search(J_and_grad, d0, shifts, Js, -3.0, 3.0, 40)
+    grid = np.linspace(-3, 3, 60001)
+    assert obj(d) <= obj(grid).min() + sysid.TOL_CHANGE and abs(d - d0) > 0  # refined off the whole shift
+    assert evaluations <= 6
+
+
+def test_the_delay_search_stays_at_the_edge_of_the_box_when_the_minimum_lies_beyond_it():
+    """A minimum at 3.6 with the box ending at 3: the scan's best shift is the edge, the slope there
+    points out of the box, and the search returns the edge after its one evaluation."""
+
+    def J_and_grad(d):
+        return 0.05 * (d - 3.6) ** 2, 0.1 * (d - 3.6)
+
+    shifts = np.arange(-3.0, 4.0)
+    Js = np.array([J_and_grad(s)[0] for s in shifts])
+    edge, evaluations = sysid.delay_search(J_and_grad, 3.0, shifts, Js, -3.0, 3.0, 40)
+    assert edge == 3.0 and evaluations == 1
+
+
+def test_the_delay_alone_is_fitted_by_the_search_to_the_minimum_with_fewer_evaluations_than_lbfgs(pendulum_checked):
+    """fit with only the delay free, on the trained Pendulum model and a reality whose torques act
+    1.6 steps late (a delay near -1.6): the bracketed search ends within TOL_CHANGE of the best J on a fine grid of
+    delays and next to where the general L-BFGS path (forced by start=) ends, with fewer of the
+    model's evaluations after the scan."""
+    from wmcheck.checks.calibration import load_run
+    from wmcheck.checks.reality import RealityProfile, record_reality
+
+    run, _, _ = pendulum_checked
+    bundle = load_run(run)
+    model, norm = bundle.model.eval(), Normalizer.from_dict(bundle.normalizer)
+    eps = record_reality("Pendulum-v1", RealityProfile(latency_steps=1.6), "hold:5", episodes=4, max_steps=200, seed=7)
+    context, H = 16, sysid.ATTRIBUTION_HORIZON
+    layout = sysid.Layout.for_normalizer(norm, 3)
+    data = sysid.FitData.of(eps, make_blocks(eps, norm, context, H), norm, layout)
+    i_d = layout.index("delay")
+    lo, hi = np.zeros(len(layout)), np.zeros(len(layout))
+    lo[i_d], hi[i_d] = -3.0, 3.0
+    ident = sysid.evaluate(model, data, np.zeros(len(layout)), layout, context, H)
+    searched = sysid.fit(model, data, layout, [i_d], lo, hi, context, H, ident)
+    start = np.zeros(len(layout))
+    start[i_d] = np.round(searched.theta[i_d])
+    lbfgs = sysid.fit(model, data, layout, [i_d], lo, hi, context, H, ident, start=start)
+
+    th = np.zeros((241, len(layout)))
+    th[:, i_d] = np.linspace(-3, 3, 241)
+    grid = sysid.objective_many(model, data, th, layout, context, H) + 0.5 * sysid.RIDGE * th[:, i_d] ** 2
+    d = searched.theta[i_d]
+    assert -2.5 < d < -1.0  # the fit sees the late torques (u'[t] = u(t + d): late is negative)
+    assert searched.J1 + 0.5 * sysid.RIDGE * d**2 <= grid.min() + sysid.TOL_CHANGE
+    assert abs(d - lbfgs.theta[i_d]) < 0.05
+    scans = 2 * layout.max_delay  # the identity's evaluation is given
+    assert searched.evaluations - scans < lbfgs.evaluations
