@@ -235,8 +235,9 @@ def score_blocks(
             parts["div_channel"].append(z2.mean(1))
             parts["div_late"].append(z2[:, H // 2 :].mean((1, 2)))
             parts["pred_mean"].append(mean)
-            parts["pred_lo"].append(torch.quantile(draws, 0.05, dim=0))
-            parts["pred_hi"].append(torch.quantile(draws, 0.95, dim=0))
+            lo, hi = torch.quantile(draws, torch.tensor([0.05, 0.95], dtype=draws.dtype), dim=0)  # one sort
+            parts["pred_lo"].append(lo)
+            parts["pred_hi"].append(hi)
             nll = s["nll"][:, C:]  # (n, L-C, D)
             parts["nll"].append(nll.mean((1, 2)))
             parts["nll_channel"].append(nll.mean(1))

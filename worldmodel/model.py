@@ -27,7 +27,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from wmcheck.worldmodel.config import WorldModelConfig
-from wmcheck.worldmodel.distributions import TwoHot, categorical_entropy, categorical_kl, symexp, symlog
+from wmcheck.worldmodel.distributions import (
+    TwoHot,
+    categorical_entropy,
+    categorical_kl,
+    sample_categorical,
+    symexp,
+    symlog,
+)
 from wmcheck.worldmodel.heads import ContinueHead, RewardHead, VectorDecoder, VectorEncoder
 from wmcheck.worldmodel.image import ImageDecoder, ImageEncoder, image_loss, image_target
 from wmcheck.worldmodel.rssm import RSSM, Observed, State
@@ -197,7 +204,7 @@ class WorldModel(nn.Module):
         # Draw `samples` latents per step, cycling through heads so every head is represented.
         heads = torch.arange(S, device=deter.device) % K  # (S,)
         logp = prior[:, :, heads]  # (B, T, S, S_lat, C)
-        z = F.one_hot(torch.distributions.Categorical(logits=logp).sample(), self.cfg.classes).float()
+        z = F.one_hot(sample_categorical(logp), self.cfg.classes).float()
         feat = torch.cat([deter[:, :, None].expand(B, T, S, deter.shape[-1]), z.flatten(-2)], -1)  # (B, T, S, F)
         mean, log_std = self.decoder(feat)  # (B, T, S, D) symlog space
         y = symlog(seq.obs.float())[:, :, None]  # (B, T, 1, D)
