@@ -90,7 +90,10 @@ Top gap
       is a filter of the commands, as a slower response is; gap_tests.sub_step) is not named: when
       a look-alike fires too (the dynamics row, tested with the delay corrected, so on what the
       delay does not explain), the top gap is chosen among the other rows; else it is none, with
-      the row and its look-alikes listed as confounded;
+      the row, the other rows of the same look-alike and the look-alikes listed as confounded.
+      An actuator finding whose fitted gains move the response the way such a delay does (later
+      and weaker, earlier and stronger: gap_tests.bandwidth_lookalike) is the other half of a
+      plant with another bandwidth and is a look-alike of dynamics too;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -292,7 +295,8 @@ def top_gap(
     top, confounded = separate_top({g: ev.gaps[g].boot for g in candidates}, candidates)
     alike = ev.gaps[top].confounded_with if top in ev.gaps else ()
     if alike:  # T1: a finding another gap type produces as well is listed with it, not named alone
-        top, confounded = "none", list(dict.fromkeys([top, *alike]))
+        kin = [g for g in candidates if g != top and set(ev.gaps[g].confounded_with) & set(alike)]  # same look-alike
+        top, confounded = "none", list(dict.fromkeys([top, *kin, *alike]))
     if top == "none" and not confounded:
         if gaps["visual"] in ("present", "tolerated"):
             top = "visual"

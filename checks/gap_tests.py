@@ -25,6 +25,7 @@ ResidualDetail) that the report words; the gate's tolerances (config.Tolerances)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -184,6 +185,27 @@ def sub_step(delay_steps: float) -> bool:
     1.01 and 1.99 steps by the same model. Such a latency finding stands (the run fails) but is
     not named alone: the top gap lists it with dynamics (decision.py, T1)."""
     return abs(float(delay_steps)) < 0.5
+
+
+def bandwidth_lookalike(delay: sysid.Estimate | None, gains: list[sysid.Estimate]) -> bool:
+    """Whether an actuator finding is the other half of a slower (or faster) plant, not a gain of
+    its own: the latency row's delay is a fraction of a step (`sub_step`) and every fitted gain
+    whose 95 % interval excludes 1 (at least one) moves the response the same way (later and
+    weaker: delay < 0, gain < 1; earlier and stronger: delay > 0, gain > 1). A plant whose response
+    is slower than the model's (more damping or inertia) passes the commands through a low-pass
+    filter, and a command transform can imitate a low-pass only by both halves: a phase lag (a
+    fractional delay) and a smaller steady gain. A gain gap alone scales the response without
+    delaying it, and a delay alone delays it without scaling it. HalfCheetah (docs/benchmarks.md,
+    twenty-fourth session): every one of 12 damping checks (x1.25-x3, deterministic and
+    perturbed) was fitted a delay of -0.10 to -0.34 steps, with gains of 0.63-0.98 on all six
+    channels where the actuator row fired, and 3 of them were named actuator; none of the 4 gain
+    gaps (1/1.1-1/2) fired the latency row. Such an actuator finding fails the run but is listed
+    with dynamics (decision.py, T1), whichever parameter heads the row (on one damping check a
+    deadband's score was the largest)."""
+    if delay is None or not sub_step(delay.value):
+        return False
+    outside = [g for g in gains if g.param.kind == "gain" and sysid.excludes_identity(g)]
+    return bool(outside) and all(delay.value * math.log(max(g.value, 1e-12)) > 0.0 for g in outside)
 
 
 def applied_columns(layout: sysid.Layout, supported: set[str]) -> list[int]:
@@ -362,6 +384,9 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
             within = bool(sig) and all(ctx.tolerances.actuator.covers(e.param.kind, e.value) for e in sig)
         boot = np.minimum(t.boot, detail.fit_support) if detail.fit_support is not None else t.boot
         alike = ("dynamics",) if gap == "latency" and best is not None and sub_step(best.value) else ()
+        if gap == "actuator" and evidence >= 1.0 and out["latency"].fires:
+            if bandwidth_lookalike(out["latency"].detail.best(), detail.estimates()):
+                alike = ("dynamics",)
         out[gap] = GapEvidence(gap, evidence, within_tolerance=within, boot=boot, detail=detail, confounded_with=alike)
     return out["latency"], out["actuator"], blocks, applied
 

@@ -202,13 +202,17 @@ def effective_blocks(cal: Calibration, n_blocks: int) -> int:
 
 POWER_CACHE = "power_cache.json"
 """RUNDIR/power_cache.json: power tables already computed for this calibration, by check size."""
+POWER_TABLE_VERSION = 1
+"""Bumped when a test the power table replays changes, so that a cache written by older code is not
+read (a cache from before the version was recorded has none, and is not read either)."""
 
 
 def cached_power_table(run_dir: Path, cal: Calibration, n_blocks: int, alpha: float, target: float, seed: int) -> dict:
     """`power_table` of a check of n_blocks, computed once per calibration and check size: the
     table depends only on the calibration and these arguments, so a check of a size seen before
     reads it from RUNDIR/power_cache.json (keyed by the calibration's hash; a re-calibration
-    starts a new cache). A run folder that cannot be written just goes uncached."""
+    starts a new cache, and so does a cache of another POWER_TABLE_VERSION). A run folder that
+    cannot be written just goes uncached."""
     from wmcheck.datasets.atomic import write_text_atomic
     from wmcheck.training.checkpoint import file_sha256
 
@@ -217,12 +221,13 @@ def cached_power_table(run_dir: Path, cal: Calibration, n_blocks: int, alpha: fl
     n_blocks = effective_blocks(cal, n_blocks)  # checks larger than half B share one table
     key = f"n={int(n_blocks)} alpha={float(alpha)!r} target={float(target)!r} seed={int(seed)}"
     path = run_dir / POWER_CACHE
-    cache = {"calibration_sha256": ident, "tables": {}}
+    cache = {"calibration_sha256": ident, "power_table_version": POWER_TABLE_VERSION, "tables": {}}
     try:
         stored = json.loads(path.read_text())
         if (
             isinstance(stored, dict)
             and stored.get("calibration_sha256") == ident
+            and stored.get("power_table_version") == POWER_TABLE_VERSION
             and isinstance(stored.get("tables"), dict)
         ):
             cache = stored

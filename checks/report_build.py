@@ -193,7 +193,25 @@ def actuator_fit_row(g: GapEvidence, verdict: str) -> dict:
         verdict,
         estimate,
         None if best is None else [r4(best.interval[0]), r4(best.interval[1])],
-        _fit_test_words(d) + _fit_words(d) + _support_words(d) + untested,
+        _fit_test_words(d) + _fit_words(d) + _support_words(d) + untested + _bandwidth_words(g),
+    )
+
+
+def _bandwidth_words(g: GapEvidence) -> str:
+    """Why an actuator finding is listed with dynamics (gap_tests.bandwidth_lookalike)."""
+    from wmcheck.checks.sysid import excludes_identity
+
+    if not g.confounded_with or not g.fires:
+        return ""
+    gains = [e.value for e in g.detail.estimates() if e.param.kind == "gain" and excludes_identity(e)]
+    if not gains:
+        return ""
+    way, late = ("weaker", "later") if np.median(gains) < 1.0 else ("stronger", "earlier")
+    return (
+        f"; the {way} gains come with a fitted delay of a fraction of a step ({late} than reality): a response "
+        f"both {late} and {way} than the model's is what a plant with other damping or inertia gives (another "
+        "bandwidth, which a command transform imitates only by a phase shift and a steady gain together), so the "
+        f"difference is listed with {', '.join(g.confounded_with)} rather than named actuator"
     )
 
 

@@ -521,7 +521,8 @@ def test_a_calibration_that_does_not_name_its_model_is_refused(pendulum, tmp_pat
 
 def test_the_power_table_is_computed_once_per_calibration_and_check_size(pendulum, tmp_path):
     """Two checks of the same size share one power table (RUNDIR/power_cache.json), equal to the
-    table computed afresh; a new calibration does not reuse the old tables."""
+    table computed afresh; a new calibration, or a cache written by code whose power table differs
+    (POWER_TABLE_VERSION), does not reuse the old tables."""
     from wmcheck.checks.calibration import Calibration
     from wmcheck.checks.power import POWER_CACHE, power_table
 
@@ -539,7 +540,7 @@ def test_the_power_table_is_computed_once_per_calibration_and_check_size(pendulu
     n = first["power"]["n_blocks"]
     fresh = power_table(cal, n, first["summary"]["alpha"], cal.config.power_target, seed=cal.config.seed)
     assert json.loads(json.dumps(fresh)) == first["power"]["gaps"]
-    cache["calibration_sha256"] = "another calibration"
-    cache["tables"] = {k: {"latency": {"sizes": [99]}} for k in cache["tables"]}
-    (copy / POWER_CACHE).write_text(json.dumps(cache))
-    assert run_check(copy, sim)["power"] == first["power"]  # the stale tables were not used
+    stale = {k: {"latency": {"sizes": [99]}} for k in cache["tables"]}
+    for field, value in (("calibration_sha256", "another calibration"), ("power_table_version", 0)):
+        (copy / POWER_CACHE).write_text(json.dumps({**cache, field: value, "tables": stale}))
+        assert run_check(copy, sim)["power"] == first["power"], field  # the stale tables were not used

@@ -583,6 +583,49 @@ def test_a_sub_step_delay_is_listed_with_dynamics_not_named():
     assert decide(both, LEVELS).top_gap == "latency"
 
 
+def test_a_gain_that_comes_with_a_sub_step_lag_is_a_look_alike_of_dynamics():
+    """gap_tests.bandwidth_lookalike: a fractional delay and fitted gains that move the response the
+    same way (later and weaker, earlier and stronger) are a slower or faster plant's two halves; a
+    gain against the delay's direction, a whole-step delay, or gains whose intervals hold 1 are
+    not. T1 then names the dynamics row that fires beside them, however large the actuator's
+    evidence."""
+    from dataclasses import replace
+
+    from wmcheck.checks.gap_tests import bandwidth_lookalike
+    from wmcheck.checks.sysid import Estimate, Layout
+
+    layout = Layout.of(n_actions=2, n_inputs=0, max_delay=4)
+    p = {(q.kind, q.channel): q for q in layout.params}
+    delay = {d: Estimate(p[("delay", None)], None, d, (d - 0.02, d + 0.02), 5.0) for d in (-0.28, 0.2, -1.01)}
+
+    def est(kind, value, channel=0, half_width=0.05):
+        return Estimate(p[(kind, channel)], f"act_{channel}", value, (value - half_width, value + half_width), 5.0)
+
+    weaker = [est("gain", 0.83), est("gain", 0.86, 1), est("offset", 0.01), est("deadband", -0.008)]
+    assert bandwidth_lookalike(delay[-0.28], weaker)  # damping x2 on HalfCheetah
+    assert bandwidth_lookalike(delay[0.2], [est("gain", 1.15), est("gain", 1.02, 1)])  # a faster plant
+    assert not bandwidth_lookalike(delay[-0.28], [est("gain", 1.15)])  # later but stronger
+    assert not bandwidth_lookalike(delay[-0.28], [est("gain", 0.83), est("gain", 1.15, 1)])  # mixed
+    assert not bandwidth_lookalike(delay[0.2], weaker)
+    assert not bandwidth_lookalike(delay[-1.01], weaker)  # a whole step: latency
+    assert not bandwidth_lookalike(delay[-0.28], [est("gain", 0.97, half_width=0.05), est("offset", -0.1)])
+    assert not bandwidth_lookalike(None, weaker) and not bandwidth_lookalike(delay[-0.28], [])
+
+    boot = {"latency": np.full(50, 3.0), "actuator": np.full(50, 6.0), "dynamics": np.full(50, 2.0)}
+    ev = evidence(fire=("latency", "actuator", "dynamics"), boot=boot)
+    ev.gaps["latency"] = replace(ev.gaps["latency"], confounded_with=("dynamics",))
+    assert decide(ev, LEVELS).top_gap == "actuator"  # a gain of its own: the larger evidence is named
+    ev.gaps["actuator"] = replace(ev.gaps["actuator"], confounded_with=("dynamics",))
+    d = decide(ev, LEVELS)
+    assert (d.verdict, d.top_gap) == ("fail", "dynamics") and {"latency", "actuator"} <= set(d.failing)
+    # without the dynamics row the two look-alikes are listed with it, not named
+    alone = evidence(fire=("latency", "actuator"), boot=boot)
+    for g in ("latency", "actuator"):
+        alone.gaps[g] = replace(alone.gaps[g], confounded_with=("dynamics",))
+    d = decide(alone, LEVELS)
+    assert d.top_gap == "none" and d.confounded == ["actuator", "latency", "dynamics"]
+
+
 def test_a_sub_step_delay_is_applied_before_the_residual_tests():
     """The corrections applied before the residual and bias tests are those of the supported gaps,
     a sub-step delay included, so that the dynamics row sees only what the delay does not explain."""
