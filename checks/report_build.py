@@ -737,6 +737,18 @@ def message(
         parts.append(power_sentence(power, levels.alpha))
     if policy is not None:
         parts.extend(policy_gate_notes(policy["gate"]))
+    alike = {
+        g: ev.gaps[g].confounded_with
+        for g in DYNAMICS_GAPS
+        if dec.gaps.get(g) in ("present", "tolerated") and g in ev.gaps and ev.gaps[g].confounded_with
+    }
+    if alike and dec.top_gap not in alike:  # T1's look-alikes, in one sentence (each row says why)
+        others = sorted({a for v in alike.values() for a in v})
+        parts.append(
+            f"{', '.join(alike)} {'is' if len(alike) == 1 else 'are'} what a {', '.join(others)} gap gives as well "
+            f"(a slower or faster plant: a fraction of a step of delay, and gains that move the response the same "
+            f"way), so {'it is' if len(alike) == 1 else 'they are'} listed with {', '.join(others)}, not named."
+        )
     if dec.top_gap != "none":
         parts.append(f"Top gap: {dec.top_gap} ({rows[dec.top_gap]['explanation']}).")
     elif dec.confounded:

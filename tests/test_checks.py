@@ -263,6 +263,7 @@ def test_a_weaker_gain_with_a_sub_step_lag_is_listed_with_dynamics(pendulum):
     act = gaps["actuator"]
     assert act["estimate"]["kind"] == "gain" and act["estimate"]["value"] < 1, act["estimate"]
     assert "rather than named actuator" in act["explanation"], act["explanation"]
+    assert "listed with dynamics, not named" in s["message"], s["message"]
 
 
 def test_a_parameter_the_model_cannot_judge_is_not_tested(pendulum, monkeypatch):
