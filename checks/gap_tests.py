@@ -187,6 +187,11 @@ def sub_step(delay_steps: float) -> bool:
     return abs(float(delay_steps)) < 0.5
 
 
+def identified_gains(estimates: list[sysid.Estimate]) -> list[sysid.Estimate]:
+    """The fitted gains whose 95 % interval excludes 1: those `bandwidth_lookalike` judges."""
+    return [e for e in estimates if e.param.kind == "gain" and sysid.excludes_identity(e)]
+
+
 def bandwidth_lookalike(delay: sysid.Estimate | None, gains: list[sysid.Estimate]) -> bool:
     """Whether an actuator finding is the other half of a slower (or faster) plant, not a gain of
     its own: the latency row's delay is a fraction of a step (`sub_step`) and every fitted gain
@@ -204,7 +209,7 @@ def bandwidth_lookalike(delay: sysid.Estimate | None, gains: list[sysid.Estimate
     deadband's score was the largest)."""
     if delay is None or not sub_step(delay.value):
         return False
-    outside = [g for g in gains if g.param.kind == "gain" and sysid.excludes_identity(g)]
+    outside = identified_gains(gains)
     return bool(outside) and all(delay.value * math.log(max(g.value, 1e-12)) > 0.0 for g in outside)
 
 

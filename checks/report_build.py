@@ -198,15 +198,14 @@ def actuator_fit_row(g: GapEvidence, verdict: str) -> dict:
 
 
 def _bandwidth_words(g: GapEvidence) -> str:
-    """Why an actuator finding is listed with dynamics (gap_tests.bandwidth_lookalike)."""
-    from wmcheck.checks.sysid import excludes_identity
+    """Why an actuator finding is listed with dynamics (gap_tests.bandwidth_lookalike: its identified
+    gains all lie on one side of 1)."""
+    from wmcheck.checks.gap_tests import identified_gains
 
-    if not g.confounded_with or not g.fires:
-        return ""
-    gains = [e.value for e in g.detail.estimates() if e.param.kind == "gain" and excludes_identity(e)]
+    gains = identified_gains(g.detail.estimates()) if g.confounded_with and g.fires else []
     if not gains:
         return ""
-    way, late = ("weaker", "later") if np.median(gains) < 1.0 else ("stronger", "earlier")
+    way, late = ("weaker", "later") if gains[0].value < 1.0 else ("stronger", "earlier")
     return (
         f"; the {way} gains come with a fitted delay of a fraction of a step ({late} than reality): a response "
         f"both {late} and {way} than the model's is what a plant with other damping or inertia gives (another "
