@@ -93,7 +93,10 @@ Top gap
       the row, the other rows of the same look-alike and the look-alikes listed as confounded.
       An actuator finding whose fitted gains move the response the way such a delay does (later
       and weaker, earlier and stronger: gap_tests.bandwidth_lookalike) is the other half of a
-      plant with another bandwidth and is a look-alike of dynamics too;
+      plant with another bandwidth and is a look-alike of dynamics too. A row whose finding another
+      gap type explains when its own row fires (`GapEvidence.explained_by`: a residual level off
+      reality's, which a dynamics gap gives as well, gap_tests.SENSOR_LEVEL_EXPLAINED_BY) is not a
+      candidate while that row fires, and is named when it fires alone;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -281,6 +284,11 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     )
 
 
+def look_alikes(g: GapEvidence) -> set[str]:
+    """The gap types whose firing row T1 names before this one (both kinds of look-alike)."""
+    return set(g.confounded_with) | set(g.explained_by)
+
+
 def top_gap(
     ev: CheckEvidence, gaps: dict[str, str], pooled_reject: bool, not_causes: tuple[str, ...] = ()
 ) -> tuple[str, list[str]]:
@@ -291,7 +299,7 @@ def top_gap(
     firing = [g for g in DYNAMICS_GAPS if gaps[g] in ("present", "tolerated") and g not in not_causes]
     # T1: a row whose look-alike fires as well, on data with the row's correction applied, is not a
     # candidate: the look-alike produces the row's finding, and it has evidence the row's does not explain
-    candidates = [g for g in firing if not set(ev.gaps[g].confounded_with) & set(firing)] or firing
+    candidates = [g for g in firing if not look_alikes(ev.gaps[g]) & set(firing)] or firing
     top, confounded = separate_top({g: ev.gaps[g].boot for g in candidates}, candidates)
     alike = ev.gaps[top].confounded_with if top in ev.gaps else ()
     if alike:  # T1: a finding another gap type produces as well is listed with it, not named alone

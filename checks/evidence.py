@@ -80,6 +80,7 @@ class GapEvidence:
     detail: Any = None  # the gap's typed estimate (attribution_run.LatencyDetail, ...), for the report
     reason: str = ""
     confounded_with: tuple[str, ...] = ()  # gap types this finding cannot be told apart from (never named alone)
+    explained_by: tuple[str, ...] = ()  # gap types that give this finding too: named instead when they fire (T1)
 
     @property
     def fires(self) -> bool:

@@ -187,6 +187,20 @@ def sub_step(delay_steps: float) -> bool:
     return abs(float(delay_steps)) < 0.5
 
 
+SENSOR_LEVEL_EXPLAINED_BY = ("dynamics",)
+"""What else gives the sensor-noise row's finding: one-step residuals of another level than
+reality's (larger, smaller, a surprise below reality's: too smooth). Sensor noise changes that
+level and nothing else, but a dynamics gap changes it as well: a plant that moves less per step
+(more damping, more inertia) has smaller residuals under the same random forces, one that moves
+more has larger ones. A sensor-noise finding alone is named (a level change with no bias and no
+colour is sensor noise's signature); beside a firing dynamics row (the open-loop bias, or larger
+coloured residuals, which noise does not give) it is reported and the dynamics row is named
+(decision.py, T1). HalfCheetah (docs/benchmarks.md, twenty-fifth session): on damping x2 over
+reality, deterministic and with reality's noise, both rows fired and the bootstrap could not
+rank them, so the top gap was none; the sensor-noise perturbations (0.05-0.5) and the
+deterministic twin never fired the dynamics row."""
+
+
 def identified_gains(estimates: list[sysid.Estimate]) -> list[sysid.Estimate]:
     """The fitted gains whose 95 % interval excludes 1: those `bandwidth_lookalike` judges."""
     return [e for e in estimates if e.param.kind == "gain" and sysid.excludes_identity(e)]
@@ -570,6 +584,7 @@ def residual_tests(
         within_tolerance=covers,
         boot=np.maximum(stats.sensor_boot, smooth.evidence),  # smoothness has no bootstrap: its point value
         detail=detail,
+        explained_by=SENSOR_LEVEL_EXPLAINED_BY,
     )
     dyn_ev, dyn_boot = stats.dynamics_evidence, stats.dynamics_boot
     if bias is not None:

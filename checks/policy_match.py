@@ -48,6 +48,20 @@ own policy with a gain x2 it rejected 30 % of the checks at alpha 0.1. The Wald 
 difference by how well both sides determine it, and rejected none (tests/test_policy_match.py).
 `effect` is how far apart the two policies' commands are in a given situation: the root mean
 square difference of the two fits over the pooled steps, in standard deviations of the real commands.
+
+The joint law, where the real commands do not depend on the states. The Wald form weighs the
+difference by how well both sides determine it, so a checked group whose conditions fill a thin
+set is weighed as hardly determined. A scripted input (the same sweep, drive cycle or test
+profile in every episode) is the extreme: on Pusher (docs/benchmarks.md, twenty-fifth session)
+six checked episodes of one sinusoidal sweep against held random commands gave p = 1.0 (the
+observed split the least different of 999), and faithful simulators under the sweep failed on
+actuator and on divergence. Where the real commands are open-loop, the pairs (u_{t-1}, u_t) have
+the same law under the logs' policy whatever the simulator, so a two-sample test of that joint
+law is valid: the random-feature MMD with whole episodes permuted (stats.block_mmd_test), which
+gave p = 0.001 there. It does not replace the Wald test (which alone found held commands of 2
+steps against 5: p 0.001 against the MMD's 0.23); the two are combined by Bonferroni (twice the
+smaller p). Where the real commands depend on the states, the joint law moves with the
+simulator and only the conditional test runs.
 """
 
 from __future__ import annotations
@@ -57,7 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wmcheck.checks.stats import _random_subsets, median_bandwidth
+from wmcheck.checks.stats import _random_subsets, block_mmd_test, median_bandwidth
 
 MAX_STEPS_PER_EPISODE = 200  # pairs kept per episode (evenly spaced): enough for the conditional means
 FEATURES = 64  # random Fourier features of the conditions (besides the linear terms)
@@ -124,6 +138,8 @@ class PolicyShift:
     real_episodes: int = 0
     testable: bool = True  # False: too few episodes to reach alpha, or no pairs (reason says which)
     reason: str = ""
+    conditional_p: float = math.nan  # the Wald test of the conditional means alone
+    joint_p: float = math.nan  # the MMD of (u_{t-1}, u_t) pairs (open-loop real commands only; nan: not run)
 
     @property
     def shifted(self) -> bool:
@@ -141,6 +157,8 @@ class PolicyShift:
             "checked_episodes": self.checked_episodes,
             "real_episodes": self.real_episodes,
             "reason": self.reason,
+            "conditional_p": self.conditional_p,
+            "joint_p": self.joint_p,
         }
 
 
@@ -210,7 +228,8 @@ def policy_shift_test(
         return PolicyShift(
             alpha=alpha, testable=False, reason="no command channels, or no step with a previous command"
         )
-    if not uses_observations(real, np.random.default_rng(rng.integers(2**32))):
+    open_loop = not uses_observations(real, np.random.default_rng(rng.integers(2**32)))
+    if open_loop:
         # the real commands do not depend on the states: condition on the previous command only,
         # so that a simulator that moves the states cannot move the test (module docstring)
         checked, real = _previous_command_only(checked), _previous_command_only(real)
@@ -261,5 +280,22 @@ def policy_shift_test(
         if i == 0:  # the observed split's effect: mean squared difference of the fits over the pooled steps
             out.effect = float(math.sqrt(max(np.einsum("ik,ij,jk->", d[0], M, d[0]) / y.shape[1], 0.0)))
     out.statistic = float(stats[0])
-    out.p_value = float((1 + np.sum(stats[1:] >= stats[0])) / (permutations + 1))
+    out.conditional_p = out.p_value = float((1 + np.sum(stats[1:] >= stats[0])) / (permutations + 1))
+    if open_loop:  # the pairs' joint law is the policy's alone: test it too (module docstring)
+        out.joint_p = joint_law_p(checked, real, rng, permutations)
+        out.p_value = min(1.0, 2.0 * min(out.conditional_p, out.joint_p))
     return out
+
+
+def joint_law_p(checked: PolicyPairs, real: PolicyPairs, rng: np.random.Generator, permutations: int) -> float:
+    """The MMD two-sample test of the (conditions, command) pairs with whole episodes permuted: the
+    pairs' joint law, valid only where it does not depend on the simulator (open-loop real
+    commands, conditions = the previous command). Both sides standardised on the real pairs."""
+    x_c = np.concatenate([checked.conditions, checked.commands], 1)  # (Nc, 2A)
+    x_r = np.concatenate([real.conditions, real.commands], 1)  # (Nr, 2A)
+    mu, sd = _scale(x_r)
+
+    def episodes(x: np.ndarray, ep: np.ndarray) -> list[np.ndarray]:
+        return [(x[ep == e] - mu) / sd for e in np.unique(ep)]
+
+    return block_mmd_test(episodes(x_c, checked.episode), episodes(x_r, real.episode), rng, permutations)[1]

@@ -569,15 +569,21 @@ def policy_sentence(p: PolicyShift) -> str:
     """What the policy-shift test (policy_match.py) found, in words."""
     if not p.testable:
         return f"whether the checked commands follow the real logs' policy was not tested ({p.reason})"
+    parts = (
+        ""
+        if math.isnan(p.joint_p)
+        else f"; conditional test p = {p.conditional_p:.3g}, law of successive commands p = {p.joint_p:.3g}, "
+        "twice the smaller"
+    )
     if p.shifted:
         return (
             f"the checked commands follow another policy than the real logs' (given the same state, inputs and "
-            f"previous command they differ by {p.effect:.2f} command std; episode permutation test p = {p.p_value:.3g}): "
-            "latency and actuator findings are confounded with the policy (closed-loop identification)"
+            f"previous command they differ by {p.effect:.2f} command std; episode permutation test p = {p.p_value:.3g}"
+            f"{parts}): latency and actuator findings are confounded with the policy (closed-loop identification)"
         )
     return (
         f"the checked commands are consistent with the real logs' policy (given the same state, inputs and previous "
-        f"command: {p.effect:.2f} command std apart, p = {p.p_value:.3g})"
+        f"command: {p.effect:.2f} command std apart, p = {p.p_value:.3g}{parts})"
     )
 
 
@@ -612,6 +618,10 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
             "; not failing: the checked commands follow another policy than the real logs', and under another "
             "closed-loop policy the model's own errors move this test as a gap would"
         )
+    for g in DYNAMICS_GAPS:  # T1: a finding that the named gap gives as well (GapEvidence.explained_by)
+        if g in ev.gaps and dec.top_gap in ev.gaps[g].explained_by and rows[g]["verdict"] in ("present", "tolerated"):
+            rows[g]["explained_by"] = [dec.top_gap]
+            rows[g]["explanation"] += "; " + explained_words(g, dec.top_gap)
     for g, row in rows.items():
         if row["verdict"] in ("present", "tolerated") and g in NEXT_STEPS:
             row["next_step"] = NEXT_STEPS[g]
@@ -621,6 +631,15 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
                     NEXT_STEPS[a] for a in alike
                 )
     return rows
+
+
+def explained_words(g: str, by: str) -> str:
+    """Why a firing row is reported but not named (gap_tests.SENSOR_LEVEL_EXPLAINED_BY, decision.py T1)."""
+    return (
+        f"a {by} gap changes the one-step residuals' level as well (a plant that moves less or more per step "
+        f"under the same random forces), and the {by} row fires on evidence that {g} does not give (an open-loop "
+        f"bias or coloured residuals), so {by} is named and this row is reported with it"
+    )
 
 
 def episode_entry(e: EpisodeEvidence, verdict: str, dt: float | None) -> dict:
@@ -747,6 +766,13 @@ def message(
             f"{', '.join(alike)} {'is' if len(alike) == 1 else 'are'} what a {', '.join(others)} gap gives as well "
             f"(a slower or faster plant: a fraction of a step of delay, and gains that move the response the same "
             f"way), so {'it is' if len(alike) == 1 else 'they are'} listed with {', '.join(others)}, not named."
+        )
+    explained = [g for g in DYNAMICS_GAPS if rows.get(g, {}).get("explained_by")]
+    if explained:
+        parts.append(
+            f"{', '.join(explained)} fire{'s' if len(explained) == 1 else ''} too: a {dec.top_gap} gap changes the "
+            f"residuals' level as well, so {'it is' if len(explained) == 1 else 'they are'} reported with "
+            f"{dec.top_gap}, which is named."
         )
     if dec.top_gap != "none":
         parts.append(f"Top gap: {dec.top_gap} ({rows[dec.top_gap]['explanation']}).")

@@ -179,8 +179,11 @@ PUSHER = SystemSpec(
     dynamics_param="dof_damping",
     dynamics_sizes=(0.25, 0.5, 1.0, 2.0),
     controller="pusher_sweep",
-    episodes=60,
-    max_steps=200,
+    # Pusher-v5 ends its episodes at 100 steps (its time limit), so 60 episodes were 4,200 training
+    # steps: the size1m model overfitted (validation loss 142 against -16 on training windows) and
+    # predicted worse than ARX at every horizon (docs/benchmarks.md, twenty-fifth session)
+    episodes=200,
+    max_steps=100,
     preset="size1m",
     steps=3000,
     batch_size=16,

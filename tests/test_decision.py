@@ -626,6 +626,37 @@ def test_a_gain_that_comes_with_a_sub_step_lag_is_a_look_alike_of_dynamics():
     assert d.top_gap == "none" and d.confounded == ["actuator", "latency", "dynamics"]
 
 
+def test_a_residual_level_beside_a_dynamics_row_is_reported_with_dynamics():
+    """gap_tests.SENSOR_LEVEL_EXPLAINED_BY: a dynamics gap changes the residuals' level as well, so
+    the sensor-noise row, firing beside the dynamics row, is reported and dynamics is named, even
+    when the sensor row's evidence is the larger or the bootstrap cannot rank them (damping x2 on
+    HalfCheetah, deterministic and with reality's noise: both fired, top gap none). Alone the
+    sensor row is named; beside a latency row (no look-alike) the bootstrap still decides."""
+    from dataclasses import replace
+
+    from wmcheck.checks.gap_tests import SENSOR_LEVEL_EXPLAINED_BY
+
+    tangled = {"sensor_noise": np.linspace(1.5, 4.5, 50), "dynamics": np.linspace(4.0, 2.0, 50)}
+    ev = evidence(fire=("sensor_noise", "dynamics"), boot=tangled)
+    before = decide(ev, LEVELS)
+    assert before.top_gap == "none" and set(before.confounded) == {"sensor_noise", "dynamics"}
+    ev.gaps["sensor_noise"] = replace(ev.gaps["sensor_noise"], explained_by=SENSOR_LEVEL_EXPLAINED_BY)
+    d = decide(ev, LEVELS)
+    assert (d.verdict, d.top_gap, d.confounded) == ("fail", "dynamics", [])
+    assert {"sensor_noise", "dynamics"} <= set(d.failing)  # reported: both rows still fail the run
+    larger = evidence(fire=("sensor_noise", "dynamics"), boot={"sensor_noise": np.full(50, 9.0)})
+    larger.gaps["sensor_noise"] = replace(larger.gaps["sensor_noise"], explained_by=("dynamics",))
+    assert decide(larger, LEVELS).top_gap == "dynamics"
+    alone = evidence(fire=("sensor_noise",))
+    alone.gaps["sensor_noise"] = replace(alone.gaps["sensor_noise"], explained_by=("dynamics",))
+    assert decide(alone, LEVELS).top_gap == "sensor_noise"
+    with_latency = evidence(fire=("sensor_noise", "latency"), boot={"latency": np.full(50, 6.0)})
+    with_latency.gaps["sensor_noise"] = replace(with_latency.gaps["sensor_noise"], explained_by=("dynamics",))
+    assert decide(with_latency, LEVELS).top_gap == "latency"
+    with_latency.gaps["latency"] = replace(with_latency.gaps["latency"], boot=np.full(50, 1.5))
+    assert decide(with_latency, LEVELS).top_gap == "sensor_noise"
+
+
 def test_a_sub_step_delay_is_applied_before_the_residual_tests():
     """The corrections applied before the residual and bias tests are those of the supported gaps,
     a sub-step delay included, so that the dynamics row sees only what the delay does not explain."""
