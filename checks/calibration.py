@@ -314,6 +314,9 @@ def calibrate(
     held += extra
     if folds is not None:  # the extra real episodes no fold trained on: dealt over the folds
         model = model.assigned({**folds, **deal([e.id for e in extra], len(model))})
+    cfg, note = cfg.fitted_to([e.num_steps + 1 for e in held])
+    if note:
+        say(f"calibrating: {note}")
     try:
         blocks = make_blocks(held, norm, cfg.context, cfg.horizon)
     except ValueError as exc:

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from wmcheck.datasets.errors import UserError
 
 SCORES = ("divergence", "nll", "kl")  # the tests behind `divergent`
@@ -23,6 +25,9 @@ simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "ending", "distribution")
 POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias", "obs_scale", "smoothing")
 """The gap types the power table injects (power.POWER_SIZES), which a pass needs power on."""
+MIN_HORIZON = 8
+"""The fewest imagined steps a block may have (CheckConfig.fitted_to), and the horizon of the
+corrections' objective, whose 8-step windows tile each block (sysid.ATTRIBUTION_HORIZON)."""
 DYNAMICS_GAPS = ("latency", "actuator", "sensor_noise", "dynamics")
 """The attribution's gap tests through the model; each one found present fails a check."""
 GAP_TESTS = (*DYNAMICS_GAPS, "ending")
@@ -80,6 +85,26 @@ class CheckConfig:
             raise ValueError(f"attribution must be 'fit' or 'grid', got {self.attribution!r}")
         if 1.0 not in self.gain_grid or 0.0 not in self.offset_grid or 0.0 not in self.deadband_grid:
             raise ValueError("the grids must contain the identity (gain 1, offset 0, deadband 0)")
+
+    def fitted_to(self, steps: list[int]) -> tuple[CheckConfig, str | None]:
+        """The geometry the held-out real episodes allow, and a note when it differs from this one.
+
+        `horizon` is at most this many steps: when the median held-out episode (`steps`: each
+        episode's observations, actions + 1) is shorter than context + horizon, the horizon shrinks
+        so that a block fits it, down to MIN_HORIZON. Without this every block of such a log was
+        skipped, and training ended with "held-out episodes too short" (Pendulum cut at 50 steps,
+        a task whose episodes end at 50 or 100 steps). Shorter held-out episodes than the block are
+        still skipped, as are shorter checked ones (their endings are checked on their own)."""
+        if not steps:
+            return self, None
+        median = int(np.median(steps))
+        if median >= self.context + self.horizon or median < self.context + MIN_HORIZON:
+            return self, None  # it fits, or a block cannot fit at all (make_blocks says so)
+        fitted = dataclasses.replace(self, horizon=median - self.context)
+        return fitted, (
+            f"the held-out episodes' median length is {median} steps, shorter than a block of {self.context} + "
+            f"{self.horizon}: checks imagine {fitted.horizon} steps after {self.context} observed"
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -72,6 +72,7 @@ import torch
 
 from wmcheck.checks.attribution import allowed_corrections
 from wmcheck.checks.blocks import Blocks
+from wmcheck.checks.config import MIN_HORIZON
 from wmcheck.checks.folds import FoldModels, per_fold, restore_order
 from wmcheck.worldmodel.distributions import symexp, symlog
 
@@ -787,8 +788,9 @@ def reference(model, episodes, blocks: Blocks, norm, cfg) -> Reference:
     return Reference(ident.grad, f.theta, f.at_fit.grad, (layout.n_actions, layout.n_inputs), layout.max_delay)
 
 
-ATTRIBUTION_HORIZON = 8
-"""Open-loop steps of the objective's rollouts (scoring.attribution_objective's horizon)."""
+ATTRIBUTION_HORIZON = MIN_HORIZON
+"""Open-loop steps of the objective's rollouts (scoring.attribution_objective's horizon); a block
+imagines at least this many (config.MIN_HORIZON)."""
 
 
 # ----------------------------------------------------------------------------- estimates

@@ -131,6 +131,27 @@ def test_a_check_too_small_to_see_a_gap_is_inconclusive(pendulum, tmp_path):
     assert "INCONCLUSIVE" in report["summary"]["message"] and ", ".join(missing) in report["summary"]["message"]
 
 
+def test_episodes_shorter_than_a_block_are_checked_with_a_shorter_horizon(check_trainer, tmp_path):
+    """Real episodes of 50 steps (51 observations) cannot hold a block of 16 + 48 steps: calibration
+    used to stop with "held-out episodes too short". It now imagines 35 steps (CheckConfig.fitted_to),
+    stores that geometry, and a check of a simulator with 2 steps of latency uses it and finds the
+    latency in its 50-step episodes."""
+    meta = LogMeta(
+        source="real", dt=0.05, observation_names=["cos_theta", "sin_theta", "theta_dot"], action_names=["torque"]
+    )
+    eps = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=60, max_steps=50, seed=0)
+    write_log(tmp_path / "real.h5", eps, meta)
+    run = check_trainer(tmp_path, tmp_path / "real.h5", 600)
+    cal = json.loads((run / "calibration.json").read_text())
+    assert (cal["config"]["context"], cal["config"]["horizon"]) == (16, 35), cal["config"]
+    late = record_reality("Pendulum-v1", RealityProfile(latency_steps=2), "hold:5", episodes=16, max_steps=50, seed=9)
+    write_log(tmp_path / "late.h5", late, LogMeta(**{**meta.__dict__, "source": "sim"}))
+    report = run_check(run, tmp_path / "late.h5")
+    assert report["summary"]["blocks"] == 16, report["summary"]
+    assert report["verdict"] == "fail" and report["summary"]["top_gap"] == "latency", report["summary"]
+    assert report["gaps"]["latency"]["estimate"]["steps"] == pytest.approx(-2, abs=0.3)
+
+
 def test_a_simulator_that_ends_where_reality_does_not_fails_on_the_ending_row(pendulum, tmp_path):
     """The simulator terminates when |theta_dot| > 2 (the real pendulum never terminates): its
     episodes are often too short for a block, yet the check gives a verdict, not exit 2."""

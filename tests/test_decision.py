@@ -670,3 +670,18 @@ def test_a_sub_step_delay_is_applied_before_the_residual_tests():
     assert sorted(applied_columns(layout, {"latency", "actuator"})) == sorted([delay, *actuator])
     assert applied_columns(layout, {"actuator"}) == actuator
     assert applied_columns(layout, set()) == []
+
+
+def test_the_check_geometry_fits_the_held_out_episodes():
+    """CheckConfig.fitted_to: the horizon shrinks to the median held-out episode, never below
+    MIN_HORIZON, and a geometry that fits is kept as it is."""
+    from wmcheck.checks.config import MIN_HORIZON, CheckConfig
+
+    cfg = CheckConfig()
+    assert cfg.fitted_to([201] * 10) == (cfg, None)
+    short, note = cfg.fitted_to([51] * 9 + [201])
+    assert (short.context, short.horizon) == (16, 35) and "35" in note and "51" in note
+    assert cfg.fitted_to([40, 51, 51, 60, 201])[0].horizon == 35  # the median episode, not the shortest
+    assert cfg.fitted_to([16 + MIN_HORIZON - 1] * 5) == (cfg, None)  # no block fits: make_blocks says so
+    assert cfg.fitted_to([16 + MIN_HORIZON] * 5)[0].horizon == MIN_HORIZON
+    assert cfg.fitted_to([]) == (cfg, None)
