@@ -95,8 +95,9 @@ Top gap
       and weaker, earlier and stronger: gap_tests.bandwidth_lookalike) is the other half of a
       plant with another bandwidth and is a look-alike of dynamics too. A row whose finding another
       gap type explains when its own row fires (`GapEvidence.explained_by`: a residual level off
-      reality's, which a dynamics gap gives as well, gap_tests.SENSOR_LEVEL_EXPLAINED_BY) is not a
-      candidate while that row fires, and is named when it fires alone;
+      reality's, which latency, actuator and dynamics gaps give as well,
+      gap_tests.SENSOR_LEVEL_EXPLAINED_BY) is not a candidate while that row fires, and is named
+      when it fires alone;
   T2  then the visual gap if it fires, then the ending gap;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
@@ -305,6 +306,8 @@ def top_gap(
     if alike:  # T1: a finding another gap type produces as well is listed with it, not named alone
         kin = [g for g in candidates if g != top and set(ev.gaps[g].confounded_with) & set(alike)]  # same look-alike
         top, confounded = "none", list(dict.fromkeys([top, *kin, *alike]))
+    elif confounded:  # rows the bootstrap cannot separate: listed with their look-alikes too
+        confounded = list(dict.fromkeys([*confounded, *(a for g in confounded for a in ev.gaps[g].confounded_with)]))
     if top == "none" and not confounded:
         if gaps["visual"] in ("present", "tolerated"):
             top = "visual"

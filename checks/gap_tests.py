@@ -187,18 +187,22 @@ def sub_step(delay_steps: float) -> bool:
     return abs(float(delay_steps)) < 0.5
 
 
-SENSOR_LEVEL_EXPLAINED_BY = ("dynamics",)
+SENSOR_LEVEL_EXPLAINED_BY = ("latency", "actuator", "dynamics")
 """What else gives the sensor-noise row's finding: one-step residuals of another level than
 reality's (larger, smaller, a surprise below reality's: too smooth). Sensor noise changes that
-level and nothing else, but a dynamics gap changes it as well: a plant that moves less per step
+level and nothing else, but the other gaps change it as well: a plant that moves less per step
 (more damping, more inertia) has smaller residuals under the same random forces, one that moves
-more has larger ones. A sensor-noise finding alone is named (a level change with no bias and no
-colour is sensor noise's signature); beside a firing dynamics row (the open-loop bias, or larger
-coloured residuals, which noise does not give) it is reported and the dynamics row is named
-(decision.py, T1). HalfCheetah (docs/benchmarks.md, twenty-fifth session): on damping x2 over
-reality, deterministic and with reality's noise, both rows fired and the bootstrap could not
-rank them, so the top gap was none; the sensor-noise perturbations (0.05-0.5) and the
-deterministic twin never fired the dynamics row."""
+more has larger ones, and commands that act later or more strongly than the model expects leave
+a one-step error the corrections only partly remove. A sensor-noise finding alone is named (a
+level change with no bias, no colour and no correction's score is sensor noise's signature);
+beside a firing latency, actuator or dynamics row (a correction's score, an open-loop bias or
+larger coloured residuals, which noise does not give) it is reported with that row, and T1
+chooses among the others (decision.py). HalfCheetah (docs/benchmarks.md, twenty-fifth session):
+on damping x2 over reality, deterministic and with reality's noise, sensor noise and dynamics
+fired and the bootstrap could not rank them, so the top gap was none; on Pusher commands acting
+1.5x as strongly, and a deterministic simulator missing the latency, were none with sensor noise
+beside actuator and latency. The sensor-noise perturbations (0.05-0.5) and the deterministic
+twins never fired another row on either system."""
 
 
 def identified_gains(estimates: list[sysid.Estimate]) -> list[sysid.Estimate]:
@@ -273,9 +277,14 @@ class FitDetail:
         case gave the deadband |t| 9.4 and an interval [0.07, 0.48] that excluded 0 too, but at the
         edge of the box; the gain, 0.40 [0.31, 0.52], was inside it."""
         est = self.estimates()
-        sig = {p for p, s in zip(self.params, self.test.significant) if s}
-        est = [e for e in est if e.param in sig] or est
+        est = [e for e in est if self.significant(e.param)] or est
         return max(est, key=headline_order) if est else None
+
+    def significant(self, p: sysid.Param) -> bool:
+        """Whether the score test's cell of `p` is significant, or the cell of one gain on every
+        channel (sysid.COMMON_GAIN) when `p` is a gain."""
+        sig = {q for q, s in zip(self.params, self.test.significant) if s}
+        return p in sig or (p.kind == "gain" and sysid.COMMON_GAIN in sig)
 
 
 def headline_order(e: sysid.Estimate) -> tuple:
@@ -323,7 +332,16 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
         if not len(cols):
             return None
         return sysid.score_test(
-            scores, groups, cal.sysid.scores, cal.real_episode, np.asarray(cols), ctx.level, ctx.rng, boot_idx, twin
+            scores,
+            groups,
+            cal.sysid.scores,
+            cal.real_episode,
+            np.asarray(cols),
+            ctx.level,
+            ctx.rng,
+            boot_idx,
+            twin,
+            layout=layout,
         )
 
     def fit(free, start=None):
@@ -387,7 +405,7 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
             out[gap] = GapEvidence.not_checked(gap, reason)
             continue
         t = tests[gap]
-        detail = FitDetail(gap, t, [layout.params[j] for j in tested[gap]], result, names, box, ctx.dt)
+        detail = FitDetail(gap, t, sysid.test_params(layout, tested[gap]), result, names, box, ctx.dt)
         if gap == "actuator":
             detail.untestable = untestable
         evidence = t.evidence
@@ -398,8 +416,7 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
         if gap == "latency":
             within = best is not None and ctx.tolerances.latency.covers(best.value)
         else:
-            sig_params = {p for p, s in zip(detail.params, t.significant) if s}
-            sig = [e for e in detail.estimates() if e.param in sig_params] or ([best] if best else [])
+            sig = [e for e in detail.estimates() if detail.significant(e.param)] or ([best] if best else [])
             within = bool(sig) and all(ctx.tolerances.actuator.covers(e.param.kind, e.value) for e in sig)
         boot = np.minimum(t.boot, detail.fit_support) if detail.fit_support is not None else t.boot
         alike = ("dynamics",) if gap == "latency" and best is not None and sub_step(best.value) else ()

@@ -202,7 +202,7 @@ def effective_blocks(cal: Calibration, n_blocks: int) -> int:
 
 POWER_CACHE = "power_cache.json"
 """RUNDIR/power_cache.json: power tables already computed for this calibration, by check size."""
-POWER_TABLE_VERSION = 1
+POWER_TABLE_VERSION = 2  # 2: the actuator score test has a cell of one gain on every channel (sysid.COMMON_GAIN)
 """Bumped when a test the power table replays changes, so that a cache written by older code is not
 read (a cache from before the version was recorded has none, and is not read either)."""
 
@@ -308,6 +308,7 @@ class _PowerJudge:
                         self.a_gap,
                         self.rng,
                         permutations=POWER_PERMUTATIONS,
+                        layout=self.fit_layout,
                     )
                     out[gap] = GapEvidence(gap, t.evidence)
             return out

@@ -170,7 +170,8 @@ def actuator_fit_row(g: GapEvidence, verdict: str) -> dict:
         per_channel.setdefault(e.channel, {})[e.param.kind] = _estimate_json(e)
     t_per = {}
     for p, t, sig in zip(d.params, d.test.t, d.test.significant):
-        t_per.setdefault(d.names[p.channel], {})[p.kind] = {"score_t": r4(t), "significant": bool(sig)}
+        where = "every channel" if p.channel is None else d.names[p.channel]  # sysid.COMMON_GAIN
+        t_per.setdefault(where, {})[p.kind] = {"score_t": r4(t), "significant": bool(sig)}
     estimate = {
         "channel": None if best is None else best.channel,
         "kind": None if best is None else best.param.kind,
@@ -636,9 +637,10 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
 def explained_words(g: str, by: str) -> str:
     """Why a firing row is reported but not named (gap_tests.SENSOR_LEVEL_EXPLAINED_BY, decision.py T1)."""
     return (
-        f"a {by} gap changes the one-step residuals' level as well (a plant that moves less or more per step "
-        f"under the same random forces), and the {by} row fires on evidence that {g} does not give (an open-loop "
-        f"bias or coloured residuals), so {by} is named and this row is reported with it"
+        f"a {by} gap changes the one-step residuals' level as well (a plant that moves less or more per step, "
+        f"commands that act later or more strongly than the model expects), and the {by} row fires on evidence "
+        f"that {g} does not give (a correction's score, an open-loop bias or coloured residuals), so {by} is named "
+        "and this row is reported with it"
     )
 
 

@@ -903,8 +903,10 @@ def chi2_isf(p: float, k: int) -> float:
 
 
 def describe(kind: str, channel: str | None) -> str:
-    """A correction in words: "delay", or "gain on torque"."""
-    return "delay" if kind == "delay" else f"{kind} on {channel}"
+    """A correction in words: "delay", "gain on torque", or "gain on every command channel"."""
+    if kind == "delay":
+        return "delay"
+    return f"{kind} on {'every command channel' if channel is None else channel}"
 
 
 def label(e: Estimate) -> str:
@@ -912,6 +914,34 @@ def label(e: Estimate) -> str:
 
 
 # ----------------------------------------------------------------------------- detection
+COMMON_GAIN = Param("gain", None)
+"""One gain on every tested command channel: the score test's extra cell (`test_params`).
+
+Why. The test takes the largest |t| over its cells, so each channel's gain must stand out alone
+against a null over every parameter (3 per command channel, and the delay). A gap that scales
+every channel's response at once (a motor constant, a supply voltage, a mass that every joint
+moves) moves all the gain scores the same way by a little each. On Pusher (7 channels,
+docs/benchmarks.md, twenty-fifth session) commands acting twice as strongly gave gain-score t's
+of 1.9 to 4.1 on the 7 channels, none reaching the level, and the check named dynamics. The
+derivative of the objective along equal log-gains is the sum of the gain scores: one cell that
+gathers them, whose t grows with the number of channels that agree. The permutation null takes
+the largest |t| over all cells, so the extra cell costs one correlated cell of multiplicity."""
+
+
+def test_params(layout: Layout, cols) -> list[Param]:
+    """The score test's cells: the parameters `cols`, then COMMON_GAIN when they hold 2 gains or more."""
+    params = [layout.params[j] for j in cols]
+    return params + [COMMON_GAIN] if sum(p.kind == "gain" for p in params) >= 2 else params
+
+
+def test_cells(scores: np.ndarray, layout: Layout, cols) -> np.ndarray:
+    """(n, len(test_params)) per-block scores of the test's cells: the columns `cols` of `scores`
+    (n, p), then the sum of their gain columns (the score of one gain on every channel)."""
+    x = scores[:, cols]
+    gains = [i for i, j in enumerate(cols) if layout.params[j].kind == "gain"]
+    return np.concatenate([x, x[:, gains].sum(1, keepdims=True)], 1) if len(gains) >= 2 else x
+
+
 def score_test(
     checked: np.ndarray,
     groups: np.ndarray,
@@ -923,14 +953,20 @@ def score_test(
     boot_idx=None,
     twin: np.ndarray | None = None,
     permutations: int | None = None,
+    layout: Layout | None = None,
 ):
     """The score test of the module docstring on per-block scores checked (n, p) / real (m, p),
-    over the parameters `cols`; paired when `twin` (n,) gives every checked block's real twin.
-    Returns a bias.BiasTest whose cells are the parameters."""
+    over the parameters `cols` (and, with `layout`, one gain on every channel: COMMON_GAIN);
+    paired when `twin` (n,) gives every checked block's real twin. Returns a bias.BiasTest whose
+    cells are `test_params(layout, cols)`."""
     from wmcheck.checks import bias as ob
 
     kw = {} if permutations is None else {"permutations": permutations}
-    x = checked[:, cols]
+
+    def cells(scores: np.ndarray) -> np.ndarray:
+        return scores[:, cols] if layout is None else test_cells(scores, layout, cols)
+
+    x = cells(checked)
     if twin is not None and len(twin) and (np.asarray(twin) >= 0).all():
-        return ob.paired_bias_test(x, real[np.asarray(twin)][:, cols], groups, level, rng, boot_idx, **kw)
-    return ob.bias_test(x, groups, real[:, cols], real_groups, level, rng, boot_idx, **kw)
+        return ob.paired_bias_test(x, cells(real[np.asarray(twin)]), groups, level, rng, boot_idx, **kw)
+    return ob.bias_test(x, groups, cells(real), real_groups, level, rng, boot_idx, **kw)
