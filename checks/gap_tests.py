@@ -231,6 +231,19 @@ def bandwidth_lookalike(delay: sysid.Estimate | None, gains: list[sysid.Estimate
     return bool(outside) and all(delay.value * math.log(max(g.value, 1e-12)) > 0.0 for g in outside)
 
 
+def common_gain_only(detail: FitDetail) -> bool:
+    """Whether an actuator finding rests on the cell of one gain on every channel alone (no
+    channel's own parameter is significant). A response weaker or stronger on every channel at once
+    is what a plant with other damping or inertia gives as well: on Pusher (docs/benchmarks.md,
+    twenty-fifth session) the cell fired on damping x2 and x3 over reality, deterministic and
+    perturbed, and those checks were named actuator, while on the same model the gain gaps' own
+    channel cells were significant (an offset t of 7.8 at 1/1.5) or the summed cell was alone
+    (commands twice as strong). Such a finding fails the run but is listed with dynamics
+    (decision.py, T1), as a sub-step delay and a bandwidth-like gain are."""
+    sig = {p for p, s in zip(detail.params, detail.test.significant) if s}
+    return sig == {sysid.COMMON_GAIN}
+
+
 def applied_columns(layout: sysid.Layout, supported: set[str]) -> list[int]:
     """The theta indices applied before the residual and bias tests: the corrections of the gaps
     the fit supports (a correction the data do not support would only absorb part of another gap),
@@ -423,6 +436,8 @@ def fit_corrections(ctx: GapContext, boot_idx) -> tuple[GapEvidence, GapEvidence
         if gap == "actuator" and evidence >= 1.0 and out["latency"].fires:
             if bandwidth_lookalike(out["latency"].detail.best(), detail.estimates()):
                 alike = ("dynamics",)
+        if gap == "actuator" and evidence >= 1.0 and common_gain_only(detail):
+            alike = ("dynamics",)
         out[gap] = GapEvidence(gap, evidence, within_tolerance=within, boot=boot, detail=detail, confounded_with=alike)
     return out["latency"], out["actuator"], blocks, applied
 

@@ -199,10 +199,17 @@ def actuator_fit_row(g: GapEvidence, verdict: str) -> dict:
 
 
 def _bandwidth_words(g: GapEvidence) -> str:
-    """Why an actuator finding is listed with dynamics (gap_tests.bandwidth_lookalike: its identified
-    gains all lie on one side of 1)."""
-    from wmcheck.checks.gap_tests import identified_gains
+    """Why an actuator finding is listed with dynamics (gap_tests.common_gain_only: one gain on every
+    channel is all that is significant; gap_tests.bandwidth_lookalike: its identified gains all lie
+    on one side of 1, with a sub-step delay)."""
+    from wmcheck.checks.gap_tests import common_gain_only, identified_gains
 
+    if g.confounded_with and g.fires and common_gain_only(g.detail):
+        return (
+            "; only the test of one gain on every channel is significant: a response weaker or stronger on every "
+            "channel at once is what a plant with other damping or inertia gives as well, so the difference is "
+            f"listed with {', '.join(g.confounded_with)} rather than named actuator"
+        )
     gains = identified_gains(g.detail.estimates()) if g.confounded_with and g.fires else []
     if not gains:
         return ""
