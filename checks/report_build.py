@@ -641,10 +641,15 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
     return rows
 
 
+def _a(word: str) -> str:
+    """The indefinite article before a gap's name: "an actuator gap", "a dynamics gap"."""
+    return "an" if word[:1] in "aeiou" else "a"
+
+
 def explained_words(g: str, by: str) -> str:
     """Why a firing row is reported but not named (gap_tests.SENSOR_LEVEL_EXPLAINED_BY, decision.py T1)."""
     return (
-        f"a {by} gap changes the one-step residuals' level as well (a plant that moves less or more per step, "
+        f"{_a(by)} {by} gap changes the one-step residuals' level as well (a plant that moves less or more per step, "
         f"commands that act later or more strongly than the model expects), and the {by} row fires on evidence "
         f"that {g} does not give (a correction's score, an open-loop bias or coloured residuals), so {by} is named "
         "and this row is reported with it"
@@ -779,7 +784,7 @@ def message(
     explained = [g for g in DYNAMICS_GAPS if rows.get(g, {}).get("explained_by")]
     if explained:
         parts.append(
-            f"{', '.join(explained)} fire{'s' if len(explained) == 1 else ''} too: a {dec.top_gap} gap changes the "
+            f"{', '.join(explained)} fire{'s' if len(explained) == 1 else ''} too: {_a(dec.top_gap)} {dec.top_gap} gap changes the "
             f"residuals' level as well, so {'it is' if len(explained) == 1 else 'they are'} reported with "
             f"{dec.top_gap}, which is named."
         )
