@@ -240,8 +240,7 @@ def common_gain_only(detail: FitDetail) -> bool:
     channel cells were significant (an offset t of 7.8 at 1/1.5) or the summed cell was alone
     (commands twice as strong). Such a finding fails the run but is listed with dynamics
     (decision.py, T1), as a sub-step delay and a bandwidth-like gain are."""
-    sig = {p for p, s in zip(detail.params, detail.test.significant) if s}
-    return sig == {sysid.COMMON_GAIN}
+    return detail.significant_cells() == {sysid.COMMON_GAIN}
 
 
 def applied_columns(layout: sysid.Layout, supported: set[str]) -> list[int]:
@@ -293,10 +292,14 @@ class FitDetail:
         est = [e for e in est if self.significant(e.param)] or est
         return max(est, key=headline_order) if est else None
 
+    def significant_cells(self) -> set[sysid.Param]:
+        """The score test's significant cells (`params`, COMMON_GAIN among them)."""
+        return {q for q, s in zip(self.params, self.test.significant) if s}
+
     def significant(self, p: sysid.Param) -> bool:
         """Whether the score test's cell of `p` is significant, or the cell of one gain on every
         channel (sysid.COMMON_GAIN) when `p` is a gain."""
-        sig = {q for q, s in zip(self.params, self.test.significant) if s}
+        sig = self.significant_cells()
         return p in sig or (p.kind == "gain" and sysid.COMMON_GAIN in sig)
 
 

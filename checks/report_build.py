@@ -204,13 +204,15 @@ def _bandwidth_words(g: GapEvidence) -> str:
     on one side of 1, with a sub-step delay)."""
     from wmcheck.checks.gap_tests import common_gain_only, identified_gains
 
-    if g.confounded_with and g.fires and common_gain_only(g.detail):
+    if not g.confounded_with or not g.fires:
+        return ""
+    if common_gain_only(g.detail):
         return (
             "; only the test of one gain on every channel is significant: a response weaker or stronger on every "
             "channel at once is what a plant with other damping or inertia gives as well, so the difference is "
             f"listed with {', '.join(g.confounded_with)} rather than named actuator"
         )
-    gains = identified_gains(g.detail.estimates()) if g.confounded_with and g.fires else []
+    gains = identified_gains(g.detail.estimates())
     if not gains:
         return ""
     way, late = ("weaker", "later") if gains[0].value < 1.0 else ("stronger", "earlier")

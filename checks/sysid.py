@@ -938,8 +938,10 @@ def test_cells(scores: np.ndarray, layout: Layout, cols) -> np.ndarray:
     """(n, len(test_params)) per-block scores of the test's cells: the columns `cols` of `scores`
     (n, p), then the sum of their gain columns (the score of one gain on every channel)."""
     x = scores[:, cols]
+    if len(test_params(layout, cols)) == len(cols):  # no COMMON_GAIN cell
+        return x
     gains = [i for i, j in enumerate(cols) if layout.params[j].kind == "gain"]
-    return np.concatenate([x, x[:, gains].sum(1, keepdims=True)], 1) if len(gains) >= 2 else x
+    return np.concatenate([x, x[:, gains].sum(1, keepdims=True)], 1)
 
 
 def score_test(
