@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wmcheck.checks.endings import terminates
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.windows import BATCH_FIELDS, Batch, episode_steps
@@ -24,6 +25,11 @@ class Blocks:
     start: np.ndarray  # (n,) first step of each block inside its episode
     context: int
     skipped: dict[int, int] = field(default_factory=dict)  # episode id -> steps, too short for a block
+    ending: np.ndarray | None = None  # (n,) bool: the block's last step is its episode's termination
+
+    def __post_init__(self):
+        if self.ending is None:
+            self.ending = np.zeros(len(self.episode), bool)
 
     def __len__(self) -> int:
         return int(self.episode.shape[0])
@@ -35,7 +41,12 @@ class Blocks:
     def subset(self, idx) -> Blocks:
         idx = np.asarray(idx)
         return Blocks(
-            self.batch.map(lambda x: x[idx]), self.episode[idx], self.start[idx], self.context, dict(self.skipped)
+            self.batch.map(lambda x: x[idx]),
+            self.episode[idx],
+            self.start[idx],
+            self.context,
+            dict(self.skipped),
+            self.ending[idx],
         )
 
     def with_controls(self, prev_action: np.ndarray | None = None, prev_input: np.ndarray | None = None) -> Blocks:
@@ -45,7 +56,7 @@ class Blocks:
             b.prev_action = prev_action.astype(np.float32)
         if prev_input is not None:
             b.prev_input = prev_input.astype(np.float32)
-        return Blocks(b, self.episode, self.start, self.context, dict(self.skipped))
+        return Blocks(b, self.episode, self.start, self.context, dict(self.skipped), self.ending)
 
     def windows(self, horizon: int) -> tuple[Blocks, np.ndarray]:
         """Short windows inside every block: `context` observed + `horizon` imagined steps, starting
@@ -65,8 +76,14 @@ class Blocks:
             parent.append(np.arange(len(self)))
             starts.append(self.start + o)
         parent = np.concatenate(parent)
+        last = np.concatenate([np.full(len(self), o + W == self.length) for o in offsets])  # (n_windows,)
         return Blocks(
-            Batch.concat(parts), self.episode[parent], np.concatenate(starts), self.context, dict(self.skipped)
+            Batch.concat(parts),
+            self.episode[parent],
+            np.concatenate(starts),
+            self.context,
+            dict(self.skipped),
+            self.ending[parent] & last,
         ), parent
 
     def torch_chunks(self, chunk: int, device="cpu"):
@@ -76,34 +93,51 @@ class Blocks:
             yield sl, self.batch.map(lambda x, sl=sl: x[sl]).to_torch(device)
 
 
+def block_starts(steps: int, length: int, stride: int, terminated: bool) -> list[int]:
+    """First steps of the windows of an episode view of `steps` steps. Windows run from the start
+    (the rest, under a block, is not scored), except in an episode that terminates: there they run
+    back from the end, so that its last window holds the steps that led to the termination (a fall,
+    a trip) and the windows before it hold none of them. Cut from the start, a fall lands in a
+    window only when the episode's length happens to fit, partly and by chance."""
+    if steps < length:
+        return []
+    if terminated:
+        return list(range(steps - length, -1, -stride))[::-1]
+    return list(range(0, steps - length + 1, stride))
+
+
 def make_blocks(
     episodes: list[Episode], normalizer: Normalizer, context: int, horizon: int, stride: int | None = None
 ) -> Blocks:
     """Cut each episode's step view (N+1 steps) into windows of L = context + horizon steps.
 
-    Windows start every `stride` steps (default L: non-overlapping) and never cross episodes.
-    Episodes with fewer than L steps are listed in `skipped`.
+    Windows are `stride` steps apart (default L: non-overlapping) and never cross episodes.
+    Episodes with fewer than L steps are listed in `skipped`. In an episode that terminates the
+    windows run back from the termination (`block_starts`), and the last one is marked `ending`:
+    the divergence tests leave those to the ending test (divergence.py).
     """
     L = context + horizon
     stride = stride or L
-    parts, frames, eps, starts, skipped = [], [], [], [], {}
+    parts, frames, eps, starts, ending, skipped = [], [], [], [], [], {}
     for ep in episodes:
         s = episode_steps(ep, normalizer)
         n = len(s)
         if n < L:
             skipped[ep.id] = n
             continue
-        for st in range(0, n - L + 1, stride):
+        terminated = terminates(ep)
+        for st in block_starts(n, L, stride, terminated):
             parts.append({f: getattr(s, f)[st : st + L] for f in BATCH_FIELDS})
             frames.append({k: v[st : st + L] for k, v in s.images.items()})  # camera frames, if any
             eps.append(ep.id)
             starts.append(st)
+            ending.append(terminated and st + L == n)
     if not parts:
         raise ValueError(f"no episode has the {L} steps (context {context} + horizon {horizon}) a block needs")
     arrays = {f: np.stack([p[f] for p in parts]) for f in BATCH_FIELDS}  # each (n, L, ...)
     images = {k: np.stack([f[k] for f in frames]) for k in frames[0]}  # {key: (n, L, H, W, C)}
     batch = Batch(**arrays, images=images).start_from_initial_state()  # as in training
-    return Blocks(batch, np.asarray(eps), np.asarray(starts), context, skipped)
+    return Blocks(batch, np.asarray(eps), np.asarray(starts), context, skipped, np.asarray(ending, bool))
 
 
 def block_states(blocks: Blocks, k: int = 8) -> np.ndarray:

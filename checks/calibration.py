@@ -34,7 +34,7 @@ import torch
 from wmcheck.checks.attribution import SearchMatrices, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import CheckConfig
-from wmcheck.checks.endings import real_endings
+from wmcheck.checks.endings import end_probabilities, real_endings, terminates
 from wmcheck.checks.folds import FoldModels, deal, load_fold_models, merge_arrays, per_fold
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.checks.policy_match import PolicyPairs, policy_pairs
@@ -52,7 +52,7 @@ from wmcheck.training.conformal import LEVEL, cross_fitted_inside, fit_spread_sc
 from wmcheck.training.crossfit import read_crossfit, single_model_run
 from wmcheck.training.quality import compute_card, read_card, write_card
 
-CALIBRATION_VERSION = 11  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 12  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
 # 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale;
@@ -61,7 +61,9 @@ CALIBRATION_VERSION = 11  # 2: per-step errors and controls (regimes); 3: episod
 # share of open-loop cells outside the 90 % interval (scoring.exceedance_share), not the mean z^2;
 # 10: the held-out blocks' open-loop predicted means (the bias test's response cells, bias.py);
 # 11: the real blocks scored with left-out spread scales, every open-loop draw from its own posterior, and
-# the power table's episode t with the pooled variance (stats.episode_t)
+# the power table's episode t with the pooled variance (stats.episode_t); 12: the blocks of an episode that
+# terminates run back from its termination, and the blocks that end there are marked (real_ending; blocks.py);
+# the model's end probability at the held-out real terminations (info real_endings, endings.py)
 @dataclass
 class Calibration:
     config: CheckConfig
@@ -79,6 +81,7 @@ class Calibration:
     known_episodes: np.ndarray | None = None  # (m,) content hashes of every real episode the model or its
     # thresholds rest on (training log and --real extras): never new data for the monitor
     real_policy: PolicyPairs | None = None  # what the held-out episodes' commands were chosen on (policy_match.py)
+    real_ending: np.ndarray | None = None  # (n,) bool: the real block ends at its episode's termination (blocks.py)
 
     def known_fingerprints(self) -> set[str] | None:
         """The content hashes of the episodes the model was trained or calibrated on; None for a
@@ -127,6 +130,8 @@ class Calibration:
             arrays["known_episodes"] = np.asarray(self.known_episodes, dtype="<U64")
         if self.real_policy is not None:
             arrays.update(self.real_policy.to_arrays())
+        if self.real_ending is not None:
+            arrays["real_ending"] = self.real_ending
         with atomic_path(run_dir / "calibration.npz", suffix=".npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         meta = {
@@ -170,6 +175,7 @@ class Calibration:
             Reference.from_arrays(arrays),
             arrays.get("known_episodes"),
             PolicyPairs.from_arrays(arrays),
+            arrays.get("real_ending"),
         )
 
 
@@ -362,7 +368,7 @@ def calibrate(
         "reward_std_real": reward_std,
         "held_out_episodes": [e.id for e in held],
         "extra_real": extra_prov,
-        "real_endings": real_endings(distinct),
+        "real_endings": real_endings(distinct, end_probabilities(model, [e for e in held if terminates(e)], norm)),
         "blocks": len(blocks),
         "block_length": blocks.length,
         "training_latents": n_latents,
@@ -397,6 +403,7 @@ def calibrate(
         sysid_ref,
         np.array(sorted({episode_fingerprint(e) for e in distinct}), dtype="<U64"),
         policy_pairs(held, norm),
+        blocks.ending,
     )
     cal.save(run_dir)
     if model.cfg.image_keys:  # the visual gap's real-vs-real null (checks/visual.py)

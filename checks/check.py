@@ -28,7 +28,7 @@ from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.config import POWER_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
 from wmcheck.checks.decision import Decision, Levels, decide, strength
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, score_arrays
-from wmcheck.checks.endings import ending_evidence
+from wmcheck.checks.endings import end_probabilities, ending_evidence, ends_inside, terminates
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
 from wmcheck.checks.folds import FoldModels, deal
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
@@ -124,7 +124,9 @@ def run_check(
         )
     alpha = float(gate.alpha or cfg.alpha)
     levels = Levels.for_check(alpha, len(inp.checked))
-    ending = ending_evidence(inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"])
+    ending = ending_evidence(
+        inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"], _end_probabilities(inp, model)
+    )
     if inp.blocks is None:
         return _short_check(inp, ending, levels, gate, rollouts, command, t0)
     sc = cal.score(model, inp.blocks, seed)
@@ -132,7 +134,7 @@ def run_check(
     comp = _competence(sc, cal, gate)
     comp_idx = np.flatnonzero(comp.competent)
     twin = _real_twins(inp.blocks, cal, len(inp.bundle.channels.get("action_names", [])))  # (n,) once per check
-    flagged = _flagged_blocks(sc, cal, comp.competent, alpha)
+    flagged = _flagged_blocks(sc, cal, comp.competent & ~_left_to_ending(inp), alpha)  # the blocks the tests judge
     div = _divergence(inp, sc, comp.competent, twin)
     _episode_details(div, inp, sc, flagged, alpha)
     gt = run_gap_tests(
@@ -246,7 +248,7 @@ def _short_check(
             "missing_power": list(dec.missing_power),
             "alpha": levels.alpha,
             "tolerated_by_gate": dec.tolerated_by_gate,
-            "message": rb.short_message(dec, rows, why, len(inp.episodes), lengths),
+            "message": rb.short_message(dec, ev, rows, why, len(inp.episodes), lengths),
         },
         "episodes": [],
         "gaps": rows,
@@ -303,11 +305,38 @@ def _flagged_blocks(sc: BlockScores, cal: Calibration, competent: np.ndarray, al
     return competent & (block_p <= _p_floor(cal, alpha))
 
 
+def _end_probabilities(inp: CheckInputs, model, most: int = 200) -> dict[int, float]:
+    """The model's end probability at the last step of the checked episodes that terminate inside
+    the real logs' range (endings.end_probabilities), of at most `most` of them, evenly spread (a
+    share of expected terminations needs no more)."""
+    ends = [e for e in inp.episodes if terminates(e) and ends_inside(e, inp.norm.range["obs"])]
+    if len(ends) > most:
+        ends = [ends[i] for i in np.linspace(0, len(ends) - 1, most).round().astype(int)]
+    return end_probabilities(model, ends, inp.norm)
+
+
+def _left_to_ending(inp: CheckInputs) -> np.ndarray:
+    """(n,) the blocks that end at a termination, where the real logs terminate too: the divergence
+    tests leave them to the ending test (divergence.py), since their null holds few real endings.
+    Where no real episode terminates, a checked ending (a goal no real log reached) stays in those
+    tests: their competence tests are what says the model has never seen it."""
+    if not (inp.cal.info.get("real_endings") or {}).get("terminated"):
+        return np.zeros(len(inp.blocks), bool)
+    return inp.blocks.ending
+
+
 def _divergence(inp: CheckInputs, sc: BlockScores, competent: np.ndarray, twin: np.ndarray):
     """The divergence tests (twin (n,): each block's real twin or -1, from `_real_twins`)."""
     cal = inp.cal
     return divergence_evidence(
-        score_arrays(sc), score_arrays(cal.real), cal.real_episode, inp.blocks.episode, competent, twin
+        score_arrays(sc),
+        score_arrays(cal.real),
+        cal.real_episode,
+        inp.blocks.episode,
+        competent,
+        twin,
+        _left_to_ending(inp),
+        cal.real_ending,
     )
 
 

@@ -98,7 +98,10 @@ Top gap
       reality's, which latency, actuator and dynamics gaps give as well,
       gap_tests.SENSOR_LEVEL_EXPLAINED_BY) is not a candidate while that row fires, and is named
       when it fires alone;
-  T2  then the visual gap if it fires, then the ending gap;
+  T2  then the visual gap if it fires, then the ending gap, unless its episodes end where the
+      world model expects reality to end as well (endings.py, `EndingDetail.upstream`): they
+      reach failing states sooner, which latency, actuator, sensor-noise and dynamics gaps do under a
+      controller, so none is named and those are listed as confounded;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
 """
@@ -312,7 +315,8 @@ def top_gap(
         if gaps["visual"] in ("present", "tolerated"):
             top = "visual"
         elif gaps["ending"] in ("present", "tolerated"):
-            top = "ending"
+            upstream = ev.gaps["ending"].confounded_with  # endings where the model expects them too
+            top, confounded = ("none", list(upstream)) if upstream else ("ending", [])
         elif gaps["distribution"] == "present" and not pooled_reject:
             top = "distribution"
     return top, confounded

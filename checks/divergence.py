@@ -13,6 +13,17 @@ Owns the array-level builders of `DivergenceEvidence` (evidence.py) from block s
     whose logged exogenous inputs it replays, stats.paired_episode_t_greater) when at least half of
     the competent blocks have such a twin in at least two episodes.
 Scores are passed as {name: (n,) array}, from `BlockScores` or from the power table's stored arrays.
+
+Blocks that end at a termination (`Blocks.ending`: the steps that led to a fall or a trip) are left
+out of the per-episode tests (divergence and competence) and of the pooled test, on the checked and
+on the real side, and judged by the ending test (endings.py: whether episodes end as real ones do),
+where the real logs terminate too (check._left_to_ending: where no real episode ends, a checked
+ending, at a goal no real log reached, stays in these tests).
+The fall is the rarest phase of the logs: a few dozen held-out episodes hold a handful of such
+blocks or none, and a faithful episode that falls is then scored against a null that has hardly
+seen a fall. On the double pendulum (docs/benchmarks.md, twenty-sixth session) 21 % of 8-episode
+checks of a faithful simulator failed the divergence tests for that reason, and 4 of 75 episodes
+that fell were unverifiable on the support test. The distribution test still sees their states.
 """
 
 from __future__ import annotations
@@ -53,32 +64,51 @@ def _uses_log(score: str) -> bool:
 
 
 def episode_p_values(
-    checked: Scores, real: Scores, real_episode: np.ndarray, idx: np.ndarray, competent: np.ndarray
+    checked: Scores,
+    real: Scores,
+    real_episode: np.ndarray,
+    idx: np.ndarray,
+    competent: np.ndarray,
+    ending: np.ndarray | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """(divergence p per score on the competent blocks idx[competent[idx]], competence p per
-    competence score on all of idx) for one episode whose blocks are idx."""
+    """(divergence p per score on the competent blocks of idx, competence p per competence score on
+    all of idx) for one episode whose blocks are idx, against the real blocks given. Blocks that
+    `ending` marks are left out of both (module docstring)."""
+    if ending is not None:
+        idx = idx[~ending[idx]]
     cidx = idx[competent[idx]]
-    div = {
-        s: (episode_outlier_p(checked[s][cidx], real[s], real_episode, log=_uses_log(s)) if len(cidx) else float("nan"))
-        for s in SCORES
-    }
+
+    def p(s: str, blocks: np.ndarray, log: bool) -> float:
+        return episode_outlier_p(checked[s][blocks], real[s], real_episode, log=log) if len(blocks) else float("nan")
+
+    div = {s: p(s, cidx, _uses_log(s)) for s in SCORES}
     comp = {
-        s: episode_outlier_p(checked[s][idx], real[s], real_episode)
-        for s in COMPETENCE
-        if s in checked and s in real and (real[s].max() > 0 or s == "support")
+        s: p(s, idx, True) for s in COMPETENCE if s in checked and s in real and (real[s].max() > 0 or s == "support")
     }
     return div, comp
 
 
 def episode_evidence(
-    checked: Scores, real: Scores, real_episode: np.ndarray, block_episode: np.ndarray, competent: np.ndarray
+    checked: Scores,
+    real: Scores,
+    real_episode: np.ndarray,
+    block_episode: np.ndarray,
+    competent: np.ndarray,
+    ending: np.ndarray | None = None,
+    real_judged: np.ndarray | None = None,
 ) -> list[EpisodeEvidence]:
-    """One `EpisodeEvidence` per checked episode (in order of first appearance), p-values only."""
+    """One `EpisodeEvidence` per checked episode (in order of first appearance), p-values only;
+    `ending` (n,) the checked blocks left out, `real_judged` (n_real,) the real blocks kept
+    (default: all; module docstring)."""
     out = []
+    judged = np.ones(len(block_episode), bool) if ending is None else ~ending
+    if real_judged is not None:
+        real, real_episode = {s: v[real_judged] for s, v in real.items()}, real_episode[real_judged]
     for e in dict.fromkeys(block_episode.tolist()):
         idx = np.flatnonzero(block_episode == e)
-        div, comp = episode_p_values(checked, real, real_episode, idx, competent)
-        out.append(EpisodeEvidence(int(e), div, comp, int((~competent[idx]).sum()), int(len(idx))))
+        div, comp = episode_p_values(checked, real, real_episode, idx, competent, ending)
+        outside = int((~competent[idx] & judged[idx]).sum())
+        out.append(EpisodeEvidence(int(e), div, comp, outside, int(len(idx))))
     return out
 
 
@@ -89,8 +119,17 @@ def pooled_evidence(
     block_episode: np.ndarray,
     competent: np.ndarray,
     twin: np.ndarray | None = None,
+    real_judged: np.ndarray | None = None,
 ) -> PooledEvidence:
-    """The pooled test over the competent blocks; twin (n,): each checked block's real twin or -1."""
+    """The pooled test over the blocks `competent` marks (the judged ones, see divergence_evidence)
+    against the real blocks `real_judged` marks (default: all); twin (n,): each checked block's real
+    twin or -1 (a twin outside real_judged counts as none)."""
+    if real_judged is not None:
+        if twin is not None:
+            twin = np.where((twin >= 0) & real_judged[np.maximum(twin, 0)], twin, -1)
+        real, real_episode = {s: v[real_judged] for s, v in real.items()}, real_episode[real_judged]
+        if twin is not None:  # twin indices into the kept real blocks
+            twin = np.where(twin >= 0, np.cumsum(real_judged)[np.maximum(twin, 0)] - 1, -1)
     comp_idx = np.flatnonzero(competent)
     paired_idx = comp_idx if twin is None else comp_idx[twin[comp_idx] >= 0]
     paired = (
@@ -122,11 +161,17 @@ def divergence_evidence(
     block_episode: np.ndarray,
     competent: np.ndarray | None = None,
     twin: np.ndarray | None = None,
+    ending: np.ndarray | None = None,
+    real_ending: np.ndarray | None = None,
 ) -> DivergenceEvidence:
     """Episodes and pooled test of blocks labelled by block_episode (n,); every block competent
-    when `competent` is None (the power table's injected real blocks)."""
+    when `competent` is None (the power table's injected real blocks). ending (n,) / real_ending
+    (n_real,): the checked / real blocks that end at a termination, left out of both tests
+    (module docstring; None: none)."""
     competent = np.ones(len(block_episode), bool) if competent is None else competent
+    judged = competent if ending is None else competent & ~ending
+    real_judged = None if real_ending is None or not real_ending.any() else ~real_ending
     return DivergenceEvidence(
-        episode_evidence(checked, real, real_episode, block_episode, competent),
-        pooled_evidence(checked, real, real_episode, block_episode, competent, twin),
+        episode_evidence(checked, real, real_episode, block_episode, competent, ending, real_judged),
+        pooled_evidence(checked, real, real_episode, block_episode, judged, twin, real_judged),
     )

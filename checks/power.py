@@ -102,13 +102,19 @@ class PowerSet:
     control: PowerEntry | None = None  # half B as it is; None with fewer than 2 held-out episodes
     control_episode: np.ndarray | None = None  # (nB,)
     gaps: dict[str, InjectedSeries] = field(default_factory=dict)
+    null_ending: np.ndarray | None = None  # (nA,) bool: blocks that end at a termination (blocks.py)
+    control_ending: np.ndarray | None = None  # (nB,)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out = {f"power/null/{s}": self.null[s] for s in POWER_SCORES}
         out["power/null_episode"] = self.null_episode
+        if self.null_ending is not None:
+            out["power/null_ending"] = self.null_ending
         if self.control is not None:
             out.update(self.control.to_arrays("power/control/"))
             out["power/control_episode"] = self.control_episode
+            if self.control_ending is not None:
+                out["power/control_ending"] = self.control_ending
         for gap, series in self.gaps.items():
             for i, entry in enumerate(series.entries):
                 out.update(entry.to_arrays(f"power/{gap}/{i}/"))
@@ -134,6 +140,8 @@ class PowerSet:
             control,
             arrays.get("power/control_episode"),
             gaps,
+            arrays.get("power/null_ending"),
+            arrays.get("power/control_ending"),
         )
 
 
@@ -202,7 +210,8 @@ def effective_blocks(cal: Calibration, n_blocks: int) -> int:
 
 POWER_CACHE = "power_cache.json"
 """RUNDIR/power_cache.json: power tables already computed for this calibration, by check size."""
-POWER_TABLE_VERSION = 2  # 2: the actuator score test has a cell of one gain on every channel (sysid.COMMON_GAIN)
+POWER_TABLE_VERSION = 3  # 2: the actuator score test has a cell of one gain on every channel (sysid.COMMON_GAIN);
+# 3: the blocks that end at a termination are left out of the divergence tests (divergence.py)
 """Bumped when a test the power table replays changes, so that a cache written by older code is not
 read (a cache from before the version was recorded has none, and is not read either)."""
 
@@ -377,7 +386,15 @@ class _PowerJudge:
 
         ps = self.cal.power
         episodes = ps.control_episode[idx]
-        div = divergence_evidence({s: entry.scores[s][idx] for s in SCORES}, ps.null, ps.null_episode, episodes)
+        ending = None if ps.control_ending is None else ps.control_ending[idx]
+        div = divergence_evidence(
+            {s: entry.scores[s][idx] for s in SCORES},
+            ps.null,
+            ps.null_episode,
+            episodes,
+            ending=ending,
+            real_ending=ps.null_ending,
+        )
         gaps = {
             **self._search_gaps(entry, idx),
             **self._residual_gaps(entry, idx),
@@ -483,6 +500,8 @@ def injected_power(
         blocks.episode[in_a],
         PowerEntry({s: getattr(control, s) for s in POWER_SCORES}, allowed_gain=allowed(half_b)),
         blocks.episode[~in_a],
+        null_ending=blocks.ending[in_a],
+        control_ending=blocks.ending[~in_a],
     )
     cells = CellLayout(norm.mean["obs"].shape[0], regime_edges(block_controls(blocks)), response=True)
     for g, (gap, sizes) in enumerate(POWER_SIZES.items()):

@@ -26,7 +26,11 @@ NEXT_STEPS = {
     "distribution": "collect real logs in the states the checked episodes visit, or restrict the task / initial-state "
     "distribution to what the logs cover",
     "ending": "compare the simulator's termination conditions (limits, safety cut-offs, failure thresholds) with the "
-    "real system's: its episodes end where reality's do not, or run on where reality stops",
+    "real system's: its episodes end where reality's do not, or run on where reality stops. Where a controller runs "
+    "in the loop, a latency, actuator, sensor-noise or dynamics difference also makes it fail sooner: to tell these "
+    "apart, check "
+    "episodes that run long enough for blocks (a lower-gain or safer policy in the simulator, shorter episodes cut "
+    "before the failure)",
     "visual": "match the simulator's rendering to the camera (lighting, exposure, colour, textures, blur, noise) as the "
     "photometric statistics say, or widen visual domain randomisation over them; re-check",
 }
@@ -532,6 +536,7 @@ def ending_row(g: GapEvidence, verdict: str) -> dict:
         f"{f', after {d.real_steps:.0f} steps' if d.real_steps else ''}); Fisher's exact test, episodes as the "
         f"units: p = {d.p_value:.3g}"
         + (f"; {d.not_judged} episode(s) ending outside the real logs' range not judged" if d.not_judged else "")
+        + expected_words(d)
     )
     estimate = {
         "checked_termination_rate": round(d.checked_rate, 4),
@@ -543,8 +548,33 @@ def ending_row(g: GapEvidence, verdict: str) -> dict:
         "p_value": r4(d.p_value),
         "checked_mean_length": round(d.checked_length, 1),
         "not_judged": d.not_judged,
+        "checked_probed_terminations": d.checked_probed,
+        "checked_expected_terminations": d.checked_expected,
+        "real_expected_terminations": d.real_expected,
+        "real_probed_terminations": d.real_judged,
+        "expected_p_value": r4(d.expected_p) if d.expected_p is not None else None,
+        "checked_end_probability_median": r4(d.checked_end_probability),
+        "real_end_probability_median": r4(d.real_end_probability),
+        "ends_where_reality_ends": d.upstream,
     }
     return _row(g, verdict, estimate, None, text)
+
+
+def expected_words(d) -> str:
+    """Where the checked episodes terminate, whether the model expects reality to end there too
+    (endings.py), in a clause of the ending row."""
+    if d.checked_expected is None:
+        return ""
+    text = (
+        f"; where they terminate, the world model expects reality to end too at {d.checked_expected} of "
+        f"{d.checked_probed} (median end probability {d.checked_end_probability:.2f}"
+    )
+    if d.real_judged:
+        text += (
+            f"; held-out real terminations: {d.real_expected} of {d.real_judged}, median "
+            f"{d.real_end_probability:.2f}; Fisher's exact test p = {d.expected_p:.3g}"
+        )
+    return text + ")"
 
 
 def distribution_row(d: DistributionEvidence, verdict: str, policy: PolicyShift | None = None) -> dict:
@@ -796,6 +826,9 @@ def message(
         parts.append(f"The evidence does not separate {', '.join(dec.confounded)}: they are confounded.")
     elif unattributed(dec):
         parts.append(unattributed_sentence(ev, rows))
+    ending = ev.gaps.get("ending")
+    if ending is not None and ending.fires and (dec.top_gap == "ending" or ending.confounded_with):
+        parts.append(ending_cause_sentence(ending, ev))
     return " ".join(parts)
 
 
@@ -865,13 +898,34 @@ def unattributed_sentence(ev: CheckEvidence, rows: dict) -> str:
     )
 
 
-def short_message(dec: Decision, rows: dict, why: str, n: int, lengths: list[int]) -> str:
+def ending_cause_sentence(ending: GapEvidence, ev: CheckEvidence) -> str:
+    """Why the checked episodes end otherwise, as far as the evidence goes (endings.py)."""
+    blocks = sum(e.blocks for e in ev.divergence.episodes) if ev.divergence is not None else 0
+    scored = f"{blocks} block(s) of the checked episodes could be scored, and no gap test tells which"
+    if ending.confounded_with:
+        return (
+            "They end more often than reality's, where the world model expects reality to end as well: the "
+            "simulator reaches failing states sooner, which a latency, actuator, sensor-noise or dynamics difference does "
+            f"under a controller; {scored}."
+        )
+    return (
+        "What makes them end otherwise is not identified: other termination conditions do this, and under a "
+        f"controller so does a latency, actuator, sensor-noise or dynamics difference that makes it fail sooner; {scored}."
+    )
+
+
+def short_message(dec: Decision, ev: CheckEvidence, rows: dict, why: str, n: int, lengths: list[int]) -> str:
     """The message of a check where no block could be scored (rule R8)."""
+    ending = ev.gaps.get("ending")
     span = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
     head = "FAIL" if dec.verdict == "fail" else dec.verdict.upper()
     text = f"{head}: {why}: {n} episode(s) of {span} steps, so the model's tests could not run"
     if dec.verdict == "fail":
-        return text + f". They end differently from reality's: {rows['ending']['explanation']}."
+        return (
+            text
+            + f". They end differently from reality's: {rows['ending']['explanation']}."
+            + (" " + ending_cause_sentence(ending, ev) if ending is not None and ending.fires else "")
+        )
     return (
         text + "; this is not a pass. How they end: " + rows["ending"]["explanation"] + ". What would fix it: "
         "record longer episodes, or calibrate with a shorter --context / --horizon."

@@ -163,6 +163,12 @@ def episode_steps(ep: Episode, normalizer: Normalizer) -> StepArrays:
     return StepArrays(obs, prev_action, prev_input, reward, is_first, is_last, is_terminal, images)
 
 
+def episode_batch(ep: Episode, normalizer: Normalizer) -> Batch:
+    """One whole episode as a Batch with B = 1 and T = N+1 (its step view, from the initial state)."""
+    s = episode_steps(ep, normalizer)
+    return _batch_of(s, np.arange(len(s))[None, :]).check()  # (1, N+1, ...)
+
+
 def _batch_of(s: StepArrays, idx: np.ndarray) -> Batch:
     """Gather rows `idx` (B, T) of a stream into a Batch."""
     return Batch(

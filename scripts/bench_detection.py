@@ -61,6 +61,7 @@ from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.record import Recorder
 from wmcheck.datasets.split import split_episodes
 from wmcheck.scripts.bench_families import (
+    DOUBLE_PENDULUM,
     HALFCHEETAH,
     PENDULUM,
     PUSHER,
@@ -709,7 +710,7 @@ def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
             f"[{spec.name}] recording {spec.episodes} real episodes from {spec.env_id} with {reality.describe()}",
             flush=True,
         )
-        record(spec.env_id, reality, spec.policy, spec.episodes, spec.max_steps, shift, log_path, "real")
+        record(spec.env_id, reality, make_policy(spec.policy), spec.episodes, spec.max_steps, shift, log_path, "real")
     t_data = time.perf_counter() - t0
     device = dict(progress_bar=False, accelerator="cpu" if args.device == "cpu" else "auto")
     if getattr(args, "train", "fixed") == "defaults" and not args.quick:
@@ -730,7 +731,16 @@ def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
     if not have_cal:
         if extra and not (extra_path.exists() and _episodes(extra_path) == extra):
             print(f"[{spec.name}] recording {extra} extra real episodes for calibration", flush=True)
-            record(spec.env_id, reality, spec.policy, extra, spec.max_steps, 500_000 + shift, extra_path, "real")
+            record(
+                spec.env_id,
+                reality,
+                make_policy(spec.policy),
+                extra,
+                spec.max_steps,
+                500_000 + shift,
+                extra_path,
+                "real",
+            )
         print(f"[{spec.name}] calibrating" + (f" (+{extra} extra real episodes)" if extra else ""), flush=True)
         calibrate(run_dir, log_path, CHECK_CONFIG, verbose=False, extra_real=[extra_path] if extra else None)
     t_cal = time.perf_counter() - t2
@@ -850,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--systems",
         default=None,
-        help="comma-separated subset of the config's systems (or halfcheetah in the cpu config)",
+        help="comma-separated subset of the config's systems (or halfcheetah, pusher, double_pendulum in the cpu config)",
     )
     p.add_argument(
         "--device",
@@ -917,7 +927,13 @@ def main(argv: list[str] | None = None) -> int:
     specs = dict(CONFIGS[args.config])
     if args.systems:
         names = [s.strip() for s in args.systems.split(",") if s.strip()]
-        known = {**CONFIGS["cpu"], "halfcheetah": HALFCHEETAH, "pusher": PUSHER, **CONFIGS[args.config]}
+        known = {
+            **CONFIGS["cpu"],
+            "halfcheetah": HALFCHEETAH,
+            "pusher": PUSHER,
+            "double_pendulum": DOUBLE_PENDULUM,
+            **CONFIGS[args.config],
+        }
         bad = [n for n in names if n not in known]
         if bad:
             p.error(f"unknown system(s) {', '.join(bad)}; choose from {', '.join(known)}")

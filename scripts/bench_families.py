@@ -75,7 +75,96 @@ class PusherSweep:
         return a.astype(np.float32)
 
 
-CONTROLLERS = {"pendulum_pd": lambda: pendulum_pd, "cheetah_gait": CheetahGait, "pusher_sweep": PusherSweep}
+def _step_linearisation(env_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """(A, B) of one env step (frame_skip MuJoCo steps, command held) about the upright rest state
+    with no command, by central differences on the nominal model: x = (qpos, qvel)."""
+    import gymnasium as gym
+    import mujoco
+
+    env = gym.make(env_id).unwrapped
+    m, d = env.model, mujoco.MjData(env.model)
+    n = m.nq + m.nv
+
+    def step(x, u):
+        d.qpos[:], d.qvel[:], d.ctrl[:], d.time = x[: m.nq], x[m.nq :], u, 0.0
+        for _ in range(env.frame_skip):
+            mujoco.mj_step(m, d)
+        return np.concatenate([d.qpos, d.qvel])
+
+    eps, x0, u0 = 1e-5, np.zeros(n), np.zeros(m.nu)
+    A = np.stack([(step(x0 + eps * e, u0) - step(x0 - eps * e, u0)) / (2 * eps) for e in np.eye(n)], 1)
+    B = np.stack([(step(x0, u0 + eps * e) - step(x0, u0 - eps * e)) / (2 * eps) for e in np.eye(m.nu)], 1)
+    env.close()
+    return A, B
+
+
+def delayed_lqr_gain(A: np.ndarray, B: np.ndarray, q, r: float, delay: int) -> np.ndarray:
+    """The discrete LQR gain K (u = -K z) of x' = A x + B u when a command acts `delay` steps after it
+    is sent: z = (x, the `delay` commands sent and not yet acting, oldest first). The Riccati
+    equation is iterated to its fixed point (no scipy)."""
+    n, mu = A.shape[0], B.shape[1]
+    N = n + delay * mu
+    Az, Bz = np.zeros((N, N)), np.zeros((N, mu))
+    Az[:n, :n] = A
+    if delay:
+        Az[:n, n : n + mu] = B  # the oldest pending command acts now
+        for i in range(delay - 1):  # the queue moves up by one
+            Az[n + i * mu : n + (i + 1) * mu, n + (i + 1) * mu : n + (i + 2) * mu] = np.eye(mu)
+        Bz[N - mu :] = np.eye(mu)
+    else:
+        Bz[:n] = B
+    Q = np.zeros((N, N))
+    Q[:n, :n] = np.diag(q)
+    R, P = r * np.eye(mu), Q.copy()
+    for _ in range(5000):
+        K = np.linalg.solve(R + Bz.T @ P @ Bz, Bz.T @ P @ Az)
+        P_new = Az.T @ P @ Az - Az.T @ P @ Bz @ K + Q
+        if np.allclose(P_new, P, rtol=1e-10, atol=1e-12):
+            break
+        P = P_new
+    return K
+
+
+class DoublePendulumLQR:
+    """A balancing controller for InvertedDoublePendulum: LQR on the nominal model's linearisation,
+    designed for one step of command latency (the controller remembers the command it sent), plus a
+    random excitation of +-`amp` held `hold` steps. The engineers' controller: it balances the
+    reality most of the time, and a simulator that differs falls sooner (its episodes end early)."""
+
+    ENV = "InvertedDoublePendulum-v5"
+    DELAY = 1
+    _linear: tuple | None = None  # (A, B), computed once per process
+
+    def __init__(self, amp: float = 0.07, hold: int = 5, q=(1, 50, 50, 1, 5, 5), r: float = 1.0):
+        if DoublePendulumLQR._linear is None:
+            DoublePendulumLQR._linear = _step_linearisation(self.ENV)
+        self.K = delayed_lqr_gain(*DoublePendulumLQR._linear, q, r, self.DELAY)[0]
+        self.amp, self.hold = amp, hold
+        self.reset(0)
+
+    def reset(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.t, self.excitation, self.pending = 0, 0.0, [0.0] * self.DELAY
+
+    def __call__(self, obs) -> np.ndarray:
+        if self.t % self.hold == 0:
+            self.excitation = float(self.rng.uniform(-self.amp, self.amp))
+        self.t += 1
+        o = np.asarray(obs, float)  # x, sin(th1), sin(th2), cos(th1), cos(th2), 3 velocities, constraint
+        z = np.array([o[0], math.atan2(o[1], o[3]), math.atan2(o[2], o[4]), *o[5:8], *self.pending])
+        u = float(np.clip(-self.K @ z + self.excitation, -1.0, 1.0))
+        self.pending = self.pending[1:] + [u]
+        return np.array([u], np.float32)
+
+
+CONTROLLERS = {
+    "pendulum_pd": lambda: pendulum_pd,
+    "cheetah_gait": CheetahGait,
+    "pusher_sweep": PusherSweep,
+    "idp_lqr": DoublePendulumLQR,  # the double pendulum's logs: excitation 0.07 held 5 steps
+    "idp_lqr_slow": lambda: DoublePendulumLQR(amp=0.07, hold=15),  # slower excitation
+    "idp_lqr_stiff": lambda: DoublePendulumLQR(amp=0.02, hold=5, q=(1, 100, 100, 1, 1, 1), r=0.1),
+}
 
 
 def make_policy(spec: str):
@@ -189,6 +278,34 @@ PUSHER = SystemSpec(
     batch_size=16,
     seq_len=64,
     check_episodes=6,
+)
+
+DOUBLE_PENDULUM = SystemSpec(
+    "double_pendulum",
+    "InvertedDoublePendulum-v5",
+    reality={
+        "latency_steps": 1,
+        "actuator_gain": 0.9,
+        "sensor_noise_std": 0.005,
+        "process_noise_std": 0.02,
+        "physics": {"body_mass": {"scale": 1.05}},
+    },
+    # Gravity acts on the poles' unforced motion; every body's mass would also scale the cart's
+    # response to the command (an actuator gain in disguise, as Pendulum's m was).
+    dynamics_param="opt.gravity",
+    dynamics_sizes=(0.05, 0.1, 0.25, 0.5),
+    controller="idp_lqr_stiff",
+    # A closed loop that balances: the logs come from the engineers' LQR with a small excitation
+    # (about 1 real episode in 4 falls before its 200 steps), and most gapped simulators fall within
+    # 10-40 steps, so their episodes end early: the check must speak from what short episodes allow.
+    policy="controller:idp_lqr",
+    other_policies=("controller:idp_lqr_slow",),
+    episodes=120,
+    max_steps=200,
+    check_episodes=8,
+    controls=10,
+    other_controls=3,
+    reps=1,
 )
 
 

@@ -174,6 +174,10 @@ def test_a_simulator_that_ends_where_reality_does_not_fails_on_the_ending_row(pe
     assert row["verdict"] == "present" and row["estimate"]["checked_terminated"] == terminated, row
     assert row["estimate"]["real_termination_rate"] == 0.0 and row.get("next_step")
     assert report["verdict"] == "fail" and "ending" in report["summary"]["failing"], report["summary"]
+    # the real pendulum never ends, so the continue head expects none of these terminations: the
+    # ending is not one that a failing state explains (endings.py), and the report says the cause is open
+    assert row["estimate"]["checked_expected_terminations"] == 0 and not row["estimate"]["ends_where_reality_ends"]
+    assert row["estimate"]["checked_probed_terminations"] >= 1 and "is not identified" in report["summary"]["message"]
     paths = write_outputs(report, tmp_path / "ends-report")
     jsonschema.validate(json.loads(paths["json"].read_text()), schema())
     # the same episodes cut by a time limit (truncated, not terminated) end like reality's: nothing to fail
