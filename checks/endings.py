@@ -12,16 +12,19 @@ reality would end there is unknown, which is the competence tests' finding, not 
 
 Where the checked episodes end, the world model's continue head says whether reality would have
 ended there too (`end_probabilities`: having observed the whole episode, the probability that its
-last step ends it). That separates two causes the counts cannot. A simulator that terminates where
-the model expects reality to continue has other termination conditions (a trip threshold, a
-safety cut-off). One that terminates where the model expects reality to end as well, as often as
-real terminations are expected, reaches failing states sooner (or later): under a controller a
+last step ends it). One cause the counts cannot tell from others: a simulator that terminates
+where the model expects reality to end as well, as often as real terminations are expected,
+reaches failing states sooner (or later), and has no other termination rule: under a controller a
 latency, actuator, sensor-noise or dynamics difference does that (on the double pendulum every such simulator
 fell within 11-43 steps, docs/benchmarks.md, twenty-sixth session). That finding is confounded with
 those gaps (`GapEvidence.confounded_with`), and the decision lists them instead of naming the
 ending (decision.top_gap, T2). A termination counts as expected when the head's probability is at
 least one half; the share of expected checked terminations is compared with the held-out real
 terminations' by Fisher's exact test at the ending test's level (calibration stores theirs).
+The other way the head is no evidence: a termination it does not expect may follow other rules (a
+trip threshold, a safety cut-off) or a fall faster than any the logs hold (double-pendulum falls
+within 9-13 steps, by reality's own rule, got 0.01-0.3); the ending row is then named, with its
+cause left open.
 """
 
 from __future__ import annotations
