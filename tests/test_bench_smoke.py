@@ -515,3 +515,35 @@ def test_detection_auroc_against_the_logs_policy_controls_leaves_the_other_polic
     assert stats["auroc_strength"] == 0.5 and stats["auroc_strength_logs"] == 1.0
     assert stats["baselines"]["arx"]["auroc"] == 0.5 and stats["baselines"]["arx"]["auroc_logs"] == 1.0
     assert bd._row_stats([row(0.5)], controls)["auroc_logs"] == 0.5  # without the split: all controls
+
+
+def test_the_double_pendulums_lqr_balances_its_reality_and_falls_with_one_more_step_of_latency():
+    """The double-pendulum system's logs come from an LQR designed for the reality's one step of
+    command latency (scripts/bench_families.py). It must balance that reality (else its logs are not
+    a balancing plant's), and a simulator with one more step of latency must make it fall (the
+    benchmark's early endings). The gain must stabilise the linearisation it was designed on."""
+    from wmcheck.checks.reality import RealityProfile, record_reality
+    from wmcheck.scripts.bench_families import (
+        DOUBLE_PENDULUM,
+        DoublePendulumLQR,
+        _step_linearisation,
+        delayed_lqr_gain,
+    )
+
+    A, B = _step_linearisation(DoublePendulumLQR.ENV)
+    K = delayed_lqr_gain(A, B, (1, 50, 50, 1, 5, 5), 1.0, delay=1)
+    n, m = A.shape[0], B.shape[1]
+    closed = np.zeros((n + m, n + m))  # z = (x, the pending command): x' = A x + B u_pending, u' = -K z
+    closed[:n, :n], closed[:n, n:] = A, B
+    closed[n:] = -K
+    assert np.abs(np.linalg.eigvals(closed)).max() < 1.0
+    assert np.abs(np.linalg.eigvals(A)).max() > 1.0  # the plant alone is unstable
+
+    quiet = DoublePendulumLQR(amp=0.0)
+    reality = RealityProfile(**DOUBLE_PENDULUM.reality)
+    held = record_reality(DOUBLE_PENDULUM.env_id, reality, quiet, episodes=8, max_steps=200, seed=0)
+    balanced = sum(e.num_steps == 200 and not e.termination_array().any() for e in held)
+    assert balanced >= 6, [e.num_steps for e in held]  # a start far from upright can still fall
+    late = dataclasses.replace(reality, latency_steps=2)
+    fell = record_reality(DOUBLE_PENDULUM.env_id, late, quiet, episodes=8, max_steps=200, seed=0)
+    assert all(e.num_steps < 60 and e.termination_array()[-1] for e in fell), [e.num_steps for e in fell]
