@@ -99,7 +99,7 @@ CONFIGS = {
     # 2-core CPU, 1 thread, ~45 min: Pendulum only (HalfCheetah's and Pusher's larger models and
     # longer episodes do not fit next to it; run `--systems halfcheetah` separately or the gpu config).
     "cpu": {"pendulum": PENDULUM},
-    # GPU machine (training on the GPU, checks on CPU worker processes): both systems, more seeds.
+    # GPU machine (training on the GPU, checks on CPU worker processes): every system, more seeds.
     # Not yet run on a GPU (no device in the session that wrote it): sized by the CPU timings
     # (~10 s per Pendulum check on one thread, 14 workers) to stay well inside 10 minutes.
     "gpu": {
@@ -118,6 +118,9 @@ CONFIGS = {
             HALFCHEETAH, steps=2500, controls=16, other_controls=4, reps=2, deterministic_reps=3
         ),
         "pusher": dataclasses.replace(PUSHER, steps=2500, controls=16, other_controls=4, reps=2, deterministic_reps=3),
+        "double_pendulum": dataclasses.replace(
+            DOUBLE_PENDULUM, controls=30, other_controls=6, reps=3, deterministic_reps=4
+        ),
     },
 }
 
@@ -855,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
         "--config",
         choices=sorted(CONFIGS),
         default="cpu",
-        help="cpu: Pendulum, < 30 min on 1 thread; gpu: both systems, more seeds",
+        help="cpu: Pendulum, < 30 min on 1 thread; gpu: every system, more seeds",
     )
     p.add_argument(
         "--systems",
