@@ -317,9 +317,9 @@ def _end_probabilities(inp: CheckInputs, model, most: int = 200) -> dict[int, fl
 
 def _left_to_ending(inp: CheckInputs) -> np.ndarray:
     """(n,) the blocks that end at a termination, where the real logs terminate too: the divergence
-    tests leave them to the ending test (divergence.py), since their null holds few real endings.
-    Where no real episode terminates, a checked ending (a goal no real log reached) stays in those
-    tests: their competence tests are what says the model has never seen it."""
+    tests leave them to the ending test where their null holds few real endings (divergence.py,
+    `endings_left_out`). Where no real episode terminates, a checked ending (a goal no real log
+    reached) stays in those tests: their competence tests are what says the model has never seen it."""
     if not (inp.cal.info.get("real_endings") or {}).get("terminated"):
         return np.zeros(len(inp.blocks), bool)
     return inp.blocks.ending

@@ -162,3 +162,18 @@ def test_endings_where_the_model_expects_reality_to_end_too_are_confounded_with_
         ev = CheckEvidence(none, {**quiet, "ending": ending, "visual": GapEvidence.not_checked("visual", "")})
         gaps = {g: ("present" if e.fires else "absent") for g, e in ev.gaps.items()} | {"distribution": "absent"}
         assert top_gap(ev, gaps, False) == (top, confounded)
+
+
+def test_where_most_real_blocks_end_at_a_fall_they_are_the_null_and_are_judged():
+    """Every episode falls within a block (Hopper under random commands): the real blocks that end
+    at a fall are the null itself, so the checked ones are judged against them, not left out."""
+    from wmcheck.checks.decision import Levels, pooled_rejects
+    from wmcheck.checks.divergence import divergence_evidence, endings_left_out
+
+    rng = np.random.default_rng(2)
+    real_ep, ep = np.arange(30), np.arange(8)  # one block per episode, each ending at its fall
+    real, real_end = _scores(rng, 30), np.ones(30, bool)
+    worse = _scores(rng, 8, shift=0.6)  # the checked falls 2 std (log scale) worse than reality's
+    assert not endings_left_out(real_end) and endings_left_out(np.tile([False, False, True], 10))
+    div = divergence_evidence(worse, real, real_ep, ep, ending=np.ones(8, bool), real_ending=real_end)
+    assert div.pooled.competent_blocks == 8 and pooled_rejects(div, Levels.for_check(0.05, 8))
