@@ -27,7 +27,7 @@ from wmcheck.checks.blocks import Blocks, block_controls, block_states, make_blo
 from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.config import POWER_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
 from wmcheck.checks.decision import Decision, Levels, decide, strength
-from wmcheck.checks.divergence import competent_blocks, divergence_evidence, score_arrays
+from wmcheck.checks.divergence import competent_blocks, divergence_evidence, endings_left_out, score_arrays
 from wmcheck.checks.endings import end_probabilities, ending_evidence, ends_inside, terminates
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
 from wmcheck.checks.folds import FoldModels, deal
@@ -320,7 +320,7 @@ def _left_to_ending(inp: CheckInputs) -> np.ndarray:
     tests leave them to the ending test where their null holds few real endings (divergence.py,
     `endings_left_out`). Where no real episode terminates, a checked ending (a goal no real log
     reached) stays in those tests: their competence tests are what says the model has never seen it."""
-    if not (inp.cal.info.get("real_endings") or {}).get("terminated"):
+    if not (inp.cal.info.get("real_endings") or {}).get("terminated") or not endings_left_out(inp.cal.real_ending):
         return np.zeros(len(inp.blocks), bool)
     return inp.blocks.ending
 
