@@ -21,11 +21,12 @@ where the real logs terminate too (check._left_to_ending: where no real episode 
 ending, at a goal no real log reached, stays in these tests) and such blocks are a minority of the
 real ones (`endings_left_out`: where most real episodes fall within a block or two, the real
 blocks that end at a fall are the null itself).
-The fall is the rarest phase of the logs: a few dozen held-out episodes hold a handful of such
-blocks or none, and a faithful episode that falls is then scored against a null that has hardly
-seen a fall. On the double pendulum (docs/benchmarks.md, twenty-sixth session) 21 % of 8-episode
-checks of a faithful simulator failed the divergence tests for that reason, and 4 of 75 episodes
-that fell were unverifiable on the support test. The distribution test still sees their states.
+Where falls are rare, a few dozen held-out episodes hold a handful of such blocks or none, and a
+faithful episode that falls is scored against a null that has hardly seen a fall. On the double
+pendulum (docs/benchmarks.md, twenty-sixth session) 21 % of 8-episode checks of a faithful
+simulator failed the divergence tests for that reason; with only the divergence tests leaving them
+out, 4 of 75 episodes that fell were unverifiable on the support test. The distribution test still
+sees their states.
 """
 
 from __future__ import annotations
