@@ -96,8 +96,8 @@ class Blocks:
 def block_starts(steps: int, length: int, stride: int, terminated: bool) -> list[int]:
     """First steps of the windows of an episode view of `steps` steps. Windows run from the start
     (the rest, under a block, is not scored), except in an episode that terminates: there they run
-    back from the end, so that its last window holds the steps that led to the termination (a fall,
-    a trip) and the windows before it hold none of them. Cut from the start, a fall lands in a
+    back from the end, so that its last window holds the last `length` steps that led to the
+    termination (a fall, a trip) and the windows before it hold none of those. Cut from the start, a fall lands in a
     window only when the episode's length happens to fit, partly and by chance."""
     if steps < length:
         return []

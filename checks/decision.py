@@ -70,9 +70,10 @@ Run
       episodes per half), the verdict is `inconclusive` (exit 3), listing the types it could not
       have seen (`Decision.missing_power`). The gate's `require_power` narrows the required types
       (a partial pass the team accepts explicitly).
-  R8  no checked block at all (every episode shorter than a block): the divergence and gap tests
-      through the model cannot run, so a run that does not fail on what can be tested (the ending
-      test) is `inconclusive`, never pass.
+  R8  no checked block at all (every episode shorter than a block), or none the divergence tests
+      judge (every block ends at a termination and is left to the ending test, divergence.py):
+      the divergence tests through the model cannot speak, so a run that does not fail on what can
+      be tested (the gap tests, the ending test) is `inconclusive`, never pass.
   R9  a model that is not competent (its quality card: open loop over the check's horizon it
       predicts held-out real episodes no better than a linear ARX model) cannot tell a simulator's
       error from its own: a run that would pass is `inconclusive` (`Decision.model_not_competent`).
@@ -255,7 +256,8 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     else:
         consistency = "pass"
     missing = ev.power.missing if ev.power is not None else ()
-    if consistency == "pass" and not ev.divergence.episodes:  # R8
+    judged = any(not math.isnan(p) for e in ev.divergence.episodes for p in e.divergence_p.values())
+    if consistency == "pass" and not judged:  # R8: no episode has a block the divergence tests judge
         consistency = "inconclusive"
         missing = missing or (ev.power.required if ev.power is not None else ("every gap type",))
     if consistency == "pass" and missing:
@@ -316,7 +318,7 @@ def top_gap(
             top = "visual"
         elif gaps["ending"] in ("present", "tolerated"):
             upstream = ev.gaps["ending"].confounded_with  # endings where the model expects them too
-            top, confounded = ("none", list(upstream)) if upstream else ("ending", [])
+            top, confounded = ("none", ["ending", *upstream]) if upstream else ("ending", [])
         elif gaps["distribution"] == "present" and not pooled_reject:
             top = "distribution"
     return top, confounded

@@ -178,13 +178,16 @@ def divergence_evidence(
     twin: np.ndarray | None = None,
     ending: np.ndarray | None = None,
     real_ending: np.ndarray | None = None,
+    leave_out: bool | None = None,
 ) -> DivergenceEvidence:
     """Episodes and pooled test of blocks labelled by block_episode (n,); every block competent
     when `competent` is None (the power table's injected real blocks). ending (n,) / real_ending
     (n_real,): the checked / real blocks that end at a termination, left out of both tests where
-    they are rare among the real blocks (`endings_left_out`; module docstring; None: none)."""
+    they are rare among the real blocks (`leave_out`; None: `endings_left_out(real_ending)`; the
+    power table decides on all the real blocks, as the check does; module docstring)."""
     competent = np.ones(len(block_episode), bool) if competent is None else competent
-    if ending is None or not endings_left_out(real_ending):
+    leave_out = endings_left_out(real_ending) if leave_out is None else leave_out
+    if ending is None or not leave_out:
         ending = real_ending = None
     judged = competent if ending is None else competent & ~ending
     real_judged = None if real_ending is None or not real_ending.any() else ~real_ending

@@ -46,17 +46,20 @@ def end_probabilities(model, episodes, norm) -> dict[int, float]:
     state). With cross-fitted models (folds.FoldModels), each episode by its assigned fold model."""
     import torch
 
+    from wmcheck.checks.folds import FoldModels
     from wmcheck.datasets.windows import episode_batch
 
     out = {}
     with torch.inference_mode():
         for e in episodes:
-            m = model.models[model.assignment[int(e.id)]] if hasattr(model, "models") else model
+            m = model.models[model.assignment[int(e.id)]] if isinstance(model, FoldModels) else model
             m.eval()
             seq = episode_batch(e, norm).to_torch()
             observed, _ = m.observe(seq, sample=False)
             logit = m.cont(observed.state.feat()[:, -1])  # (1,)
-            out[int(e.id)] = float(1.0 - torch.sigmoid(logit.float())[0])
+            p = float(1.0 - torch.sigmoid(logit.float())[0])
+            if np.isfinite(p):  # a non-finite head output says nothing (and is not JSON)
+                out[int(e.id)] = p
     return out
 
 
@@ -82,9 +85,10 @@ class EndingDetail:
 
     @property
     def upstream(self) -> bool:
-        """The checked episodes end where the model expects reality to end as well (at least half of
-        their terminations, and a share the real terminations' does not exceed at the test's level):
-        they reach failing states sooner or later, rather than ending by other rules."""
+        """The checked episodes end where the model expects reality to end as well: at least half of
+        their terminations, and (where calibration probed held-out real terminations) a share the
+        real terminations' does not exceed at the test's level. They reach failing states sooner or
+        later, rather than ending by other rules."""
         if not self.checked_probed or self.checked_expected is None:
             return False
         fewer = (

@@ -382,7 +382,7 @@ class _PowerJudge:
 
     def detected(self, entry: PowerEntry, idx: np.ndarray) -> bool:
         from wmcheck.checks.decision import Levels, decide
-        from wmcheck.checks.divergence import divergence_evidence
+        from wmcheck.checks.divergence import divergence_evidence, endings_left_out
 
         ps = self.cal.power
         episodes = ps.control_episode[idx]
@@ -394,6 +394,7 @@ class _PowerJudge:
             episodes,
             ending=ending,
             real_ending=ps.null_ending,
+            leave_out=endings_left_out(self.cal.real_ending),  # the check's decision, on every real block
         )
         gaps = {
             **self._search_gaps(entry, idx),
@@ -402,7 +403,7 @@ class _PowerJudge:
             "ending": GapEvidence.not_checked("ending", "not simulated"),
         }
         decision = decide(CheckEvidence(div, gaps), Levels.for_check(self.alpha, len(np.unique(episodes))))
-        return decision.verdict != "pass"
+        return decision.verdict in ("fail", "unverifiable")  # R8's inconclusive (nothing judged) is no detection
 
 
 def _inject(gap: str, size, episodes, norm: Normalizer, rng: np.random.Generator):

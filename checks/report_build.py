@@ -827,7 +827,12 @@ def message(
     elif unattributed(dec):
         parts.append(unattributed_sentence(ev, rows))
     ending = ev.gaps.get("ending")
-    if ending is not None and ending.fires and (dec.top_gap == "ending" or ending.confounded_with):
+    if (
+        ending is not None
+        and ending.fires
+        and dec.top_gap in ("ending", "none")
+        and (dec.top_gap == "ending" or ending.confounded_with)
+    ):
         parts.append(ending_cause_sentence(ending, ev))
     return " ".join(parts)
 
@@ -904,8 +909,8 @@ def ending_cause_sentence(ending: GapEvidence, ev: CheckEvidence) -> str:
     scored = f"{blocks} block(s) of the checked episodes could be scored, and no gap test tells which"
     if ending.confounded_with:
         return (
-            "They end more often than reality's, where the world model expects reality to end as well: the "
-            "simulator reaches failing states sooner, which a latency, actuator, sensor-noise or dynamics difference does "
+            "The checked episodes end more often than reality's, where the world model expects reality to end "
+            "as well: the simulator reaches failing states sooner, which a latency, actuator, sensor-noise or dynamics difference does "
             f"under a controller; {scored}."
         )
     return (

@@ -158,7 +158,7 @@ def test_endings_where_the_model_expects_reality_to_end_too_are_confounded_with_
 
     quiet = {g: GapEvidence(g, 0.1) for g in ("latency", "actuator", "sensor_noise", "dynamics")}
     none = DivergenceEvidence([], PooledEvidence({"nll": 1.0}))
-    for ending, top, confounded in ((sooner, "none", list(sooner.confounded_with)), (tripped, "ending", [])):
+    for ending, top, confounded in ((sooner, "none", ["ending", *sooner.confounded_with]), (tripped, "ending", [])):
         ev = CheckEvidence(none, {**quiet, "ending": ending, "visual": GapEvidence.not_checked("visual", "")})
         gaps = {g: ("present" if e.fires else "absent") for g, e in ev.gaps.items()} | {"distribution": "absent"}
         assert top_gap(ev, gaps, False) == (top, confounded)
@@ -177,3 +177,23 @@ def test_where_most_real_blocks_end_at_a_fall_they_are_the_null_and_are_judged()
     assert not endings_left_out(real_end) and endings_left_out(np.tile([False, False, True], 10))
     div = divergence_evidence(worse, real, real_ep, ep, ending=np.ones(8, bool), real_ending=real_end)
     assert div.pooled.competent_blocks == 8 and pooled_rejects(div, Levels.for_check(0.05, 8))
+
+
+def test_a_check_whose_every_block_is_left_to_the_ending_test_is_not_a_pass():
+    """Short falling episodes whose one block each ends at the fall (left out, rare in the null):
+    the divergence tests judge nothing, so what would pass is inconclusive (R8), not pass."""
+    from wmcheck.checks.decision import Levels, decide
+    from wmcheck.checks.divergence import divergence_evidence
+    from wmcheck.checks.evidence import CheckEvidence, GapEvidence
+
+    rng = np.random.default_rng(3)
+    real_ep = np.arange(60)  # 60 held-out episodes of one block, a third of them ending at a fall
+    real, real_end = _scores(rng, 60), np.tile([False, False, True], 20)
+    ep = np.arange(6)  # 6 checked episodes, one block each, every one ending at its fall
+    div = divergence_evidence(_scores(rng, 6), real, real_ep, ep, ending=np.ones(6, bool), real_ending=real_end)
+    assert all(all(np.isnan(p) for p in e.divergence_p.values()) for e in div.episodes)
+    quiet = {g: GapEvidence(g, 0.1) for g in ("latency", "actuator", "sensor_noise", "dynamics", "ending")}
+    ev = CheckEvidence(div, {**quiet, "visual": GapEvidence.not_checked("visual", "")})
+    assert decide(ev, Levels.for_check(0.05, 6)).verdict == "inconclusive"
+    judged = divergence_evidence(_scores(rng, 6), real, real_ep, ep)  # the same blocks, judged: a pass
+    assert decide(CheckEvidence(judged, ev.gaps), Levels.for_check(0.05, 6)).verdict == "pass"
