@@ -98,15 +98,11 @@ def episode_evidence(
     block_episode: np.ndarray,
     competent: np.ndarray,
     ending: np.ndarray | None = None,
-    real_judged: np.ndarray | None = None,
 ) -> list[EpisodeEvidence]:
     """One `EpisodeEvidence` per checked episode (in order of first appearance), p-values only;
-    `ending` (n,) the checked blocks left out, `real_judged` (n_real,) the real blocks kept
-    (default: all; module docstring)."""
+    `ending` (n,) the checked blocks left out (module docstring)."""
     out = []
     judged = np.ones(len(block_episode), bool) if ending is None else ~ending
-    if real_judged is not None:
-        real, real_episode = {s: v[real_judged] for s, v in real.items()}, real_episode[real_judged]
     for e in dict.fromkeys(block_episode.tolist()):
         idx = np.flatnonzero(block_episode == e)
         div, comp = episode_p_values(checked, real, real_episode, idx, competent, ending)
@@ -122,17 +118,9 @@ def pooled_evidence(
     block_episode: np.ndarray,
     competent: np.ndarray,
     twin: np.ndarray | None = None,
-    real_judged: np.ndarray | None = None,
 ) -> PooledEvidence:
-    """The pooled test over the blocks `competent` marks (the judged ones, see divergence_evidence)
-    against the real blocks `real_judged` marks (default: all); twin (n,): each checked block's real
-    twin or -1 (a twin outside real_judged counts as none)."""
-    if real_judged is not None:
-        if twin is not None:
-            twin = np.where((twin >= 0) & real_judged[np.maximum(twin, 0)], twin, -1)
-        real, real_episode = {s: v[real_judged] for s, v in real.items()}, real_episode[real_judged]
-        if twin is not None:  # twin indices into the kept real blocks
-            twin = np.where(twin >= 0, np.cumsum(real_judged)[np.maximum(twin, 0)] - 1, -1)
+    """The pooled test over the blocks `competent` marks (the judged ones, see divergence_evidence);
+    twin (n,): each checked block's real twin (an index into `real`) or -1."""
     comp_idx = np.flatnonzero(competent)
     paired_idx = comp_idx if twin is None else comp_idx[twin[comp_idx] >= 0]
     paired = (
@@ -190,8 +178,12 @@ def divergence_evidence(
     if ending is None or not leave_out:
         ending = real_ending = None
     judged = competent if ending is None else competent & ~ending
-    real_judged = None if real_ending is None or not real_ending.any() else ~real_ending
+    if real_ending is not None and real_ending.any():  # the real blocks kept; a twin that ends is no twin
+        kept = ~real_ending
+        if twin is not None:
+            twin = np.where((twin >= 0) & kept[np.maximum(twin, 0)], np.cumsum(kept)[np.maximum(twin, 0)] - 1, -1)
+        real, real_episode = {s: v[kept] for s, v in real.items()}, real_episode[kept]
     return DivergenceEvidence(
-        episode_evidence(checked, real, real_episode, block_episode, competent, ending, real_judged),
-        pooled_evidence(checked, real, real_episode, block_episode, judged, twin, real_judged),
+        episode_evidence(checked, real, real_episode, block_episode, competent, ending),
+        pooled_evidence(checked, real, real_episode, block_episode, judged, twin),
     )

@@ -77,7 +77,7 @@ class EndingDetail:
     checked_probed: int = 0  # checked terminations with an end probability
     checked_expected: int | None = None  # of them, those the model expects (end probability >= EXPECTED)
     real_expected: int | None = None  # held-out real terminations it expects
-    real_judged: int = 0  # held-out real terminations with an end probability (calibration)
+    real_probed: int = 0  # held-out real terminations with an end probability (calibration)
     expected_p: float | None = None  # Fisher's exact test of the two expected shares (None: no real share)
     expected_level: float = 0.0  # the level it is judged at (the ending test's)
     checked_end_probability: float | None = None  # median over the checked terminations
@@ -94,7 +94,7 @@ class EndingDetail:
         fewer = (
             self.expected_p is not None
             and self.expected_p < self.expected_level
-            and self.checked_expected * max(self.real_judged, 1) < (self.real_expected or 0) * self.checked_probed
+            and self.checked_expected * max(self.real_probed, 1) < (self.real_expected or 0) * self.checked_probed
         )
         return 2 * self.checked_expected >= self.checked_probed and not fewer
 
@@ -167,7 +167,7 @@ def ending_evidence(
         detail.checked_probed, detail.checked_expected = len(ends), sum(q >= EXPECTED for q in ends)
         detail.checked_end_probability = float(np.median(ends))
         if real_ends:
-            detail.real_judged, detail.real_expected = len(real_ends), sum(q >= EXPECTED for q in real_ends)
+            detail.real_probed, detail.real_expected = len(real_ends), sum(q >= EXPECTED for q in real_ends)
             detail.real_end_probability = float(np.median(real_ends))
             detail.expected_p = fisher_exact_p(detail.checked_expected, len(ends), detail.real_expected, len(real_ends))
     evidence = level / max(p, 1e-300)

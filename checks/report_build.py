@@ -551,7 +551,7 @@ def ending_row(g: GapEvidence, verdict: str) -> dict:
         "checked_probed_terminations": d.checked_probed,
         "checked_expected_terminations": d.checked_expected,
         "real_expected_terminations": d.real_expected,
-        "real_probed_terminations": d.real_judged,
+        "real_probed_terminations": d.real_probed,
         "expected_p_value": r4(d.expected_p) if d.expected_p is not None else None,
         "checked_end_probability_median": r4(d.checked_end_probability),
         "real_end_probability_median": r4(d.real_end_probability),
@@ -569,9 +569,9 @@ def expected_words(d) -> str:
         f"; where they terminate, the world model expects reality to end too at {d.checked_expected} of "
         f"{d.checked_probed} (median end probability {d.checked_end_probability:.2f}"
     )
-    if d.real_judged:
+    if d.real_probed:
         text += (
-            f"; held-out real terminations: {d.real_expected} of {d.real_judged}, median "
+            f"; held-out real terminations: {d.real_expected} of {d.real_probed}, median "
             f"{d.real_end_probability:.2f}; Fisher's exact test p = {d.expected_p:.3g}"
         )
     return text + ")"
@@ -830,8 +830,7 @@ def message(
     if (
         ending is not None
         and ending.fires
-        and dec.top_gap in ("ending", "none")
-        and (dec.top_gap == "ending" or ending.confounded_with)
+        and (dec.top_gap == "ending" or (dec.top_gap == "none" and ending.confounded_with))
     ):
         parts.append(ending_cause_sentence(ending, ev))
     return " ".join(parts)

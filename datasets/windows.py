@@ -165,8 +165,12 @@ def episode_steps(ep: Episode, normalizer: Normalizer) -> StepArrays:
 
 def episode_batch(ep: Episode, normalizer: Normalizer) -> Batch:
     """One whole episode as a Batch with B = 1 and T = N+1 (its step view, from the initial state)."""
-    s = episode_steps(ep, normalizer)
-    return _batch_of(s, np.arange(len(s))[None, :]).check()  # (1, N+1, ...)
+    return _whole(episode_steps(ep, normalizer)).check()
+
+
+def _whole(s: StepArrays) -> Batch:
+    """A stream's rows as one Batch (1, N+1, ...), unchecked."""
+    return _batch_of(s, np.arange(len(s))[None, :])
 
 
 def _batch_of(s: StepArrays, idx: np.ndarray) -> Batch:
@@ -267,7 +271,7 @@ class WindowSampler:
         extra = {ep.id: episode_steps(ep, self.normalizer) for ep in self._load(missing)} if missing else {}
         for i in ids:
             s = self._steps[i] if i in self._steps else extra[i]
-            b = _batch_of(s, np.arange(len(s))[None, :])  # (1, N+1, ...)
+            b = _whole(s)  # (1, N+1, ...)
             if self._lazy and not b.images:
                 b.images = self._episode_frames(i, len(s))
             yield b.check()

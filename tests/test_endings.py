@@ -120,7 +120,7 @@ def test_a_fall_the_held_out_set_never_shows_is_left_to_the_ending_test():
 
 
 def test_a_twin_that_ends_at_a_fall_is_no_twin():
-    from wmcheck.checks.divergence import pooled_evidence
+    from wmcheck.checks.divergence import divergence_evidence
 
     rng = np.random.default_rng(1)
     real_ep = np.repeat(np.arange(6), 2)
@@ -129,7 +129,8 @@ def test_a_twin_that_ends_at_a_fall_is_no_twin():
     checked = {s: v + 0.0 for s, v in real.items()}
     twin = np.arange(12)  # each checked block replays its real block
     real_fall = np.tile([False, True], 6)
-    kept = pooled_evidence(checked, real, real_ep, ep, np.ones(12, bool), twin, ~real_fall)
+    none_end = np.zeros(12, bool)  # the checked blocks do not end; half of the real ones do
+    kept = divergence_evidence(checked, real, real_ep, ep, None, twin, none_end, real_fall, leave_out=True).pooled
     assert kept.paired and kept.paired_blocks == 6  # the 6 twins that are not falls, re-indexed
     assert all(p > 0.4 for p in kept.p_values.values())  # each block against itself: no difference
 
