@@ -34,7 +34,7 @@ import torch
 from wmcheck.checks.attribution import SearchMatrices, search_matrices
 from wmcheck.checks.blocks import block_controls, block_states, make_blocks
 from wmcheck.checks.config import CheckConfig
-from wmcheck.checks.endings import end_probabilities, real_endings, terminates
+from wmcheck.checks.endings import end_profiles, real_endings
 from wmcheck.checks.folds import FoldModels, deal, load_fold_models, merge_arrays, per_fold
 from wmcheck.checks.model_log import episode_fingerprint, read_log_for_model
 from wmcheck.checks.policy_match import PolicyPairs, policy_pairs
@@ -52,7 +52,7 @@ from wmcheck.training.conformal import LEVEL, cross_fitted_inside, fit_spread_sc
 from wmcheck.training.crossfit import read_crossfit, single_model_run
 from wmcheck.training.quality import compute_card, read_card, write_card
 
-CALIBRATION_VERSION = 12  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 13  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
 # 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale;
@@ -63,7 +63,8 @@ CALIBRATION_VERSION = 12  # 2: per-step errors and controls (regimes); 3: episod
 # 11: the real blocks scored with left-out spread scales, every open-loop draw from its own posterior, and
 # the power table's episode t with the pooled variance (stats.episode_t); 12: the blocks of an episode that
 # terminates run back from its termination, and the blocks that end there are marked (real_ending; blocks.py);
-# the model's end probability at the held-out real terminations (info real_endings, endings.py)
+# the model's end probability at the held-out real terminations (info real_endings, endings.py); 13: the
+# held-out episodes' steps run on after an expected end (info real_endings held_out_run_on, endings.py)
 @dataclass
 class Calibration:
     config: CheckConfig
@@ -368,7 +369,7 @@ def calibrate(
         "reward_std_real": reward_std,
         "held_out_episodes": [e.id for e in held],
         "extra_real": extra_prov,
-        "real_endings": real_endings(distinct, end_probabilities(model, [e for e in held if terminates(e)], norm)),
+        "real_endings": real_endings(distinct, held, end_profiles(model, held, norm), norm.range["obs"]),
         "blocks": len(blocks),
         "block_length": blocks.length,
         "training_latents": n_latents,

@@ -28,7 +28,7 @@ from wmcheck.checks.calibration import Calibration, load_calibrated
 from wmcheck.checks.config import POWER_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
 from wmcheck.checks.decision import Decision, Levels, decide, strength
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, endings_left_out, score_arrays
-from wmcheck.checks.endings import end_probabilities, ending_evidence, ends_inside, terminates
+from wmcheck.checks.endings import end_profiles, ending_evidence, ends_inside, run_on_applies, terminates
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, GapEvidence, PowerEvidence
 from wmcheck.checks.folds import FoldModels, deal
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
@@ -125,7 +125,7 @@ def run_check(
     alpha = float(gate.alpha or cfg.alpha)
     levels = Levels.for_check(alpha, len(inp.checked))
     ending = ending_evidence(
-        inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"], _end_probabilities(inp, model)
+        inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"], _end_profiles(inp, model)
     )
     if inp.blocks is None:
         return _short_check(inp, ending, levels, gate, rollouts, command, t0)
@@ -305,14 +305,21 @@ def _flagged_blocks(sc: BlockScores, cal: Calibration, competent: np.ndarray, al
     return competent & (block_p <= _p_floor(cal, alpha))
 
 
-def _end_probabilities(inp: CheckInputs, model, most: int = 200) -> dict[int, float]:
-    """The model's end probability at the last step of the checked episodes that terminate inside
-    the real logs' range (endings.end_probabilities), of at most `most` of them, evenly spread (a
-    share of expected terminations needs no more)."""
+def _end_profiles(inp: CheckInputs, model, most: int = 200) -> dict:
+    """The model's end profiles (endings.end_profiles) of the checked episodes that terminate inside
+    the real logs' range and, where the run-on test applies, of every checked episode: at most
+    `most` of each, evenly spread (a share of expected terminations and a rank test need no more)."""
     ends = [e for e in inp.episodes if terminates(e) and ends_inside(e, inp.norm.range["obs"])]
-    if len(ends) > most:
-        ends = [ends[i] for i in np.linspace(0, len(ends) - 1, most).round().astype(int)]
-    return end_probabilities(model, ends, inp.norm)
+    runs = inp.episodes if run_on_applies(inp.cal.info.get("real_endings")) else []
+    probed = {int(e.id): e for e in _spread(ends, most) + _spread(runs, most)}
+    return end_profiles(model, list(probed.values()), inp.norm)
+
+
+def _spread(items: list, most: int) -> list:
+    """At most `most` of `items`, evenly spread."""
+    if len(items) <= most:
+        return list(items)
+    return [items[i] for i in np.linspace(0, len(items) - 1, most).round().astype(int)]
 
 
 def _left_to_ending(inp: CheckInputs) -> np.ndarray:

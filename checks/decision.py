@@ -102,7 +102,10 @@ Top gap
   T2  then the visual gap if it fires, then the ending gap, unless its episodes end where the
       world model expects reality to end as well (endings.py, `EndingDetail.upstream`): they
       reach failing states sooner, which latency, actuator, sensor-noise and dynamics gaps do under a
-      controller, so none is named and those are listed as confounded;
+      controller, so none is named and those are listed as confounded; the same where they end
+      less often than reality's without going on past a state where the model expects reality to
+      end (they never reach the failing states); where they do go on past such states (the run-on
+      test, endings.py), the ending is named;
   T3  then the distribution gap, when the pooled test does not reject (a shifted distribution
       that the model judges consistent).
 """

@@ -25,6 +25,27 @@ The other way the head is no evidence: a termination it does not expect may foll
 trip threshold, a safety cut-off) or a fall faster than any the logs hold (double-pendulum falls
 within 9-13 steps, by reality's own rule, got 0.01-0.3); the ending row is then named, with its
 cause left open.
+
+The other half of the row: episodes that run on where reality ends (`run_on_steps`). An
+engineering simulator often has no termination of its own (no fall detection, no trip): its
+episodes go on through the states where the real plant stops, so the counts above may even agree.
+The head says where: an observation inside the real logs' range at which the model gives
+reality's end a probability of at least one half is an expected end, and the steps an episode goes
+on after its first one are what it ran on (0 where it ends there). Real episodes mostly end at
+their first expected end, and some a few steps later (the head expects a fall a few steps early).
+Among the episodes with an expected end, the checked steps run on are compared with the held-out
+real episodes' (calibration stores them) by a one-sided Mann-Whitney test, episodes as the units: whether an episode reaches a failing
+state at all is what the counts judge, how long it goes on after is what this judges, and the two
+do not depend on the number of checked episodes. The test applies where the real logs terminate
+(the head has learned an end) and some held-out real episode has an expected end. It decides the
+row only where the count test judges no episode (every checked episode ends outside the real
+logs' range, e.g. a simulator that runs on past a fall into states no log holds); elsewhere it
+says what a firing row means. Splitting the row's level between the two tests was tried and
+reverted: the count test then missed 4 of 34 gapped double-pendulum simulators it had flagged
+(docs/benchmarks.md, twenty-seventh session). A run that
+goes on past expected ends names the ending (its simulator lacks reality's termination); a run
+that terminates less often than reality's without going on past expected ends never reaches the
+failing states, which the four UPSTREAM gaps do to a controlled system too: confounded with them.
 """
 
 from __future__ import annotations
@@ -34,16 +55,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from wmcheck.checks.evidence import GapEvidence
-from wmcheck.checks.stats import fisher_exact_p
+from wmcheck.checks.stats import fisher_exact_p, mann_whitney_greater
 
 EXPECTED = 0.5  # a termination the continue head gives at least this probability is one it expects
 UPSTREAM = ("latency", "actuator", "sensor_noise", "dynamics")  # what makes a controlled system fail sooner or later
 
 
-def end_probabilities(model, episodes, norm) -> dict[int, float]:
-    """{episode id: the model's probability that reality ends at the episode's last step}, given the
-    whole episode observed from its start (1 - sigmoid of the continue head at the last posterior
-    state). With cross-fitted models (folds.FoldModels), each episode by its assigned fold model."""
+def end_profiles(model, episodes, norm) -> dict[int, np.ndarray]:
+    """{episode id: (N+1,) the model's probability that reality ends at each observation of the
+    episode}, given the episode observed from its start (1 - sigmoid of the continue head at each
+    posterior state; row N is the last observation). With cross-fitted models (folds.FoldModels),
+    each episode by its assigned fold model."""
     import torch
 
     from wmcheck.checks.folds import FoldModels
@@ -56,11 +78,60 @@ def end_probabilities(model, episodes, norm) -> dict[int, float]:
             m.eval()
             seq = episode_batch(e, norm).to_torch()
             observed, _ = m.observe(seq, sample=False)
-            logit = m.cont(observed.state.feat()[:, -1])  # (1,)
-            p = float(1.0 - torch.sigmoid(logit.float())[0])
-            if np.isfinite(p):  # a non-finite head output says nothing (and is not JSON)
-                out[int(e.id)] = p
+            logit = m.cont(observed.state.feat())[0]  # (N+1,)
+            out[int(e.id)] = (1.0 - torch.sigmoid(logit.float())).numpy().astype(float)
     return out
+
+
+def end_probabilities(model, episodes, norm) -> dict[int, float]:
+    """{episode id: the model's probability that reality ends at the episode's last step}
+    (`end_profiles`' last row; a non-finite head output says nothing and is dropped)."""
+    return last_end_probabilities(end_profiles(model, episodes, norm))
+
+
+def last_end_probabilities(profiles: dict[int, np.ndarray]) -> dict[int, float]:
+    """{episode id: the last row of its end profile}, where it is finite (JSON has no NaN)."""
+    return {i: float(p[-1]) for i, p in profiles.items() if len(p) and np.isfinite(p[-1])}
+
+
+def run_on_steps(episode, profile: np.ndarray, obs_range=None) -> int | None:
+    """The steps `episode` goes on after its first expected end: the first observation inside the
+    real logs' range at which the end probability (`profile` (N+1,)) is at least EXPECTED (0: it
+    ends there, at its last observation). None where the episode has no expected end."""
+    p = np.asarray(profile, float)  # (N+1,)
+    ok = inside_range(np.asarray(episode.observations, float), obs_range) & np.isfinite(p) & (p >= EXPECTED)
+    first = np.flatnonzero(ok)
+    return int(len(p) - 1 - first[0]) if len(first) else None
+
+
+def run_on_of(episodes, profiles: dict[int, np.ndarray], obs_range=None) -> list[int]:
+    """The steps run on (`run_on_steps`) of the episodes in `profiles` that have an expected end."""
+    steps = (run_on_steps(e, profiles[int(e.id)], obs_range) for e in episodes if int(e.id) in profiles)
+    return [s for s in steps if s is not None]
+
+
+@dataclass
+class RunOn:
+    """The run-on test: steps run on after an expected end, checked against held-out real."""
+
+    checked_probed: int  # checked episodes with an end profile
+    checked: list[int]  # steps run on, of the checked episodes with an expected end
+    real_probed: int  # held-out real episodes with an end profile (calibration)
+    real: list[int]  # theirs
+    p_value: float  # one-sided Mann-Whitney, checked longer (1.0 where no checked episode has an expected end)
+    level: float  # its level (the row's)
+
+    @property
+    def fires(self) -> bool:
+        return self.p_value < self.level
+
+    @property
+    def checked_median(self) -> float | None:
+        return float(np.median(self.checked)) if self.checked else None
+
+    @property
+    def real_median(self) -> float | None:
+        return float(np.median(self.real)) if self.real else None
 
 
 @dataclass
@@ -69,7 +140,7 @@ class EndingDetail:
     checked_terminated: int
     real_episodes: int
     real_terminated: int
-    p_value: float
+    p_value: float  # the row's: the count test's, or the run-on test's where no episode is judged by counts
     checked_steps: float | None  # mean length of the checked episodes that terminate
     real_steps: float | None  # mean length of the real episodes that terminate
     checked_length: float  # mean length of all checked episodes
@@ -82,6 +153,8 @@ class EndingDetail:
     expected_level: float = 0.0  # the level it is judged at (the ending test's)
     checked_end_probability: float | None = None  # median over the checked terminations
     real_end_probability: float | None = None  # median over the held-out real terminations
+    count_p: float | None = None  # the count test's p before the row's split (None: it did not run)
+    run_on: RunOn | None = None  # the run-on test (None: it does not apply)
 
     @property
     def upstream(self) -> bool:
@@ -112,43 +185,75 @@ def terminates(episode) -> bool:
     return bool(episode.num_steps) and bool(np.asarray(episode.termination_array())[-1])
 
 
-def real_endings(episodes, held_out_end_probabilities: dict[int, float] | None = None) -> dict:
-    """What calibration stores about how real episodes end: counts and the terminating lengths, and
-    the model's end probability at each held-out real termination (`end_probabilities`)."""
+def real_endings(episodes, held_out=(), profiles: dict[int, np.ndarray] | None = None, obs_range=None) -> dict:
+    """What calibration stores about how real episodes end: counts and the terminating lengths; of
+    the held-out episodes (`held_out`, with their end profiles `profiles`, `end_profiles`), the
+    model's end probability at each termination and the steps run on after an expected end
+    (`run_on_of`), and how many were probed."""
     term = [e for e in episodes if terminates(e)]
+    profiles = profiles or {}
+    probed = [e for e in held_out if int(e.id) in profiles]
+    last = last_end_probabilities({int(e.id): profiles[int(e.id)] for e in probed if terminates(e)})
     return {
         "episodes": len(episodes),
         "terminated": len(term),
         "terminated_steps_mean": float(np.mean([e.num_steps for e in term])) if term else None,
-        "held_out_end_probabilities": sorted((held_out_end_probabilities or {}).values()),
+        "held_out_end_probabilities": sorted(last.values()),
+        "held_out_probed": len(probed),
+        "held_out_run_on": sorted(run_on_of(probed, profiles, obs_range)),
     }
 
 
-def ends_inside(episode, obs_range, tol: float = 0.02) -> bool:
-    """The episode's last observation lies inside the real logs' range (per channel, +-tol of it)."""
+def inside_range(obs: np.ndarray, obs_range, tol: float = 0.02) -> np.ndarray:
+    """(T,) which observations (T, D) lie inside the real logs' range (per channel, +-tol of it)."""
+    obs = np.asarray(obs, float).reshape(len(obs), -1)
     if obs_range is None:
-        return True
-    lo, hi = (np.asarray(x, float) for x in obs_range)
+        return np.ones(len(obs), bool)
+    lo, hi = (np.asarray(x, float).ravel() for x in obs_range)
     pad = tol * np.maximum(hi - lo, 1e-12)
-    last = np.asarray(episode.observations[-1], float)
-    return bool(((last >= lo - pad) & (last <= hi + pad)).all())
+    return ((obs >= lo - pad) & (obs <= hi + pad)).all(1)
+
+
+def ends_inside(episode, obs_range) -> bool:
+    """The episode's last observation lies inside the real logs' range (`inside_range`)."""
+    return bool(inside_range(np.asarray(episode.observations[-1:], float), obs_range)[0])
+
+
+def run_on_applies(real: dict | None) -> bool:
+    """The run-on test can speak: the real logs terminate (the head has learned an end) and some
+    held-out real episode has an expected end (the test's null)."""
+    return bool(real and real.get("terminated") and real.get("held_out_run_on"))
+
+
+def _run_on(checked, real: dict, level: float, obs_range, profiles: dict[int, np.ndarray]) -> RunOn:
+    probed = [e for e in checked if int(e.id) in profiles]
+    mine = run_on_of(probed, profiles, obs_range)
+    theirs = [int(x) for x in real["held_out_run_on"]]
+    p = mann_whitney_greater(np.array(mine, float), np.array(theirs, float)) if mine else 1.0
+    return RunOn(len(probed), sorted(mine), int(real.get("held_out_probed") or 0), sorted(theirs), float(p), level)
 
 
 def ending_evidence(
-    checked, real: dict | None, level: float, obs_range=None, end_p: dict[int, float] | None = None
+    checked, real: dict | None, level: float, obs_range=None, profiles: dict[int, np.ndarray] | None = None
 ) -> GapEvidence:
     """The `ending` gap test at `level` (evidence = level / p: >= 1 fires); obs_range: the real
-    logs' (min, max) per observation channel (episodes ending outside it are not judged); end_p:
-    the model's end probability of the checked episodes that terminate (`end_probabilities`; None:
-    not computed), which says whether a firing test is confounded with UPSTREAM."""
+    logs' (min, max) per observation channel (episodes ending outside it are not judged by the
+    count test); profiles: the end profiles of probed checked episodes (`end_profiles`; None: not
+    computed), for the run-on test and for whether a firing test is confounded with UPSTREAM."""
     if not real or not real.get("episodes"):
         return GapEvidence.not_checked("ending", "the calibration predates the ending test: re-run `wmcheck calibrate`")
+    run = _run_on(checked, real, level, obs_range, profiles) if profiles and run_on_applies(real) else None
     judged = [e for e in checked if ends_inside(e, obs_range)]
-    if not judged:
+    if not judged and run is None:
         why = "no checked episode" if not checked else "every checked episode ends outside the real logs' range"
         return GapEvidence.not_checked("ending", why)
     mine = real_endings(judged)
-    p = fisher_exact_p(mine["terminated"], mine["episodes"], int(real["terminated"]), int(real["episodes"]))
+    count_p = (
+        fisher_exact_p(mine["terminated"], mine["episodes"], int(real["terminated"]), int(real["episodes"]))
+        if judged
+        else None
+    )
+    p = count_p if count_p is not None else run.p_value  # the run-on test decides only where no count is judged
     detail = EndingDetail(
         mine["episodes"],
         mine["terminated"],
@@ -157,11 +262,14 @@ def ending_evidence(
         p,
         mine["terminated_steps_mean"],
         real.get("terminated_steps_mean"),
-        float(np.mean([e.num_steps for e in judged])),
+        float(np.mean([e.num_steps for e in judged])) if judged else 0.0,
         len(checked) - len(judged),
         expected_level=level,
+        count_p=count_p,
+        run_on=run,
     )
-    ends = [end_p[int(e.id)] for e in judged if terminates(e) and end_p is not None and int(e.id) in end_p]
+    end_p = last_end_probabilities(profiles or {})
+    ends = [end_p[int(e.id)] for e in judged if terminates(e) and int(e.id) in end_p]
     if ends:
         real_ends = list(real.get("held_out_end_probabilities") or [])
         detail.checked_probed, detail.checked_expected = len(ends), sum(q >= EXPECTED for q in ends)
@@ -171,7 +279,16 @@ def ending_evidence(
             detail.real_end_probability = float(np.median(real_ends))
             detail.expected_p = fisher_exact_p(detail.checked_expected, len(ends), detail.real_expected, len(real_ends))
     evidence = level / max(p, 1e-300)
-    upstream = evidence >= 1.0 and detail.checked_terminated > detail.real_rate * detail.checked_episodes
-    return GapEvidence(
-        "ending", evidence, detail=detail, confounded_with=UPSTREAM if upstream and detail.upstream else ()
-    )
+    return GapEvidence("ending", evidence, detail=detail, confounded_with=_confounded(detail, evidence >= 1.0))
+
+
+def _confounded(d: EndingDetail, fires: bool) -> tuple[str, ...]:
+    """The gaps a firing ending row cannot be told from (module docstring): none where the run goes
+    on past expected ends (the simulator lacks reality's termination); UPSTREAM where it ends more
+    often where the model expects reality to end too (`EndingDetail.upstream`), or less often
+    without going on past an expected end (it does not reach the failing states)."""
+    if not fires or (d.run_on is not None and d.run_on.fires) or not d.checked_episodes:
+        return ()
+    if d.checked_terminated > d.real_rate * d.checked_episodes:
+        return UPSTREAM if d.upstream else ()
+    return UPSTREAM if d.run_on is not None else ()

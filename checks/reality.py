@@ -94,6 +94,9 @@ class RealityProfile:
     termination_bounds: list | None = None
     """Per observation channel, |obs| above which the episode terminates (null = none): an ending the
     other system does not have (`TerminationGap`)."""
+    ignore_termination: bool = False
+    """The env's own termination is dropped: the episode runs on where the other system ends (an
+    engineering simulator without fall detection or a trip; `TerminationGap`)."""
     start_state: list | None = None
     """The plant's state at every reset, one value (or null: the env's own draw) per state variable
     (`StartState`): an out-of-distribution start. None = the env's own start distribution."""
@@ -105,6 +108,11 @@ class RealityProfile:
     """A label for benchmarks and reports (e.g. "latency=2"); not a gap."""
 
     def __post_init__(self):
+        if not isinstance(self.ignore_termination, bool):
+            raise UserError(
+                f"ignore_termination must be true or false, got {self.ignore_termination!r}",
+                "give ignore_termination as a JSON boolean",
+            )
         if (
             isinstance(self.latency_steps, bool)
             or not isinstance(self.latency_steps, numbers.Real)
@@ -229,6 +237,8 @@ class RealityProfile:
             parts.append("physics " + ", ".join(phys))
         if self.termination_bounds is not None:
             parts.append(f"terminates when |obs| > {_fmt(self.termination_bounds)}")
+        if self.ignore_termination:
+            parts.append("runs on where the env terminates")
         return parts
 
 
@@ -254,7 +264,7 @@ def make_reality_env(
         p = profile
         env = PhysicsGap(env, **p.physics)
         env = StartState(env, p.start_state)
-        env = TerminationGap(env, p.termination_bounds)
+        env = TerminationGap(env, p.termination_bounds, p.ignore_termination)
         env = ActuatorGap(
             env,
             p.actuator_gain,

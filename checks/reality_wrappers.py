@@ -463,11 +463,14 @@ class TerminationGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """An ending the other system does not have: the episode terminates as soon as |obs_c| exceeds
     bounds[c] for some channel c (None = no bound on that channel), on the true state, before the
     sensors. A simulator whose pole "falls" where the real one never does, or a safety cut-off the
-    real plant lacks. With no bound given it is the identity."""
+    real plant lacks. With `ignore` the env's own termination is dropped first (only the bounds end
+    an episode): a simulator that runs on where the other system falls. With no bound given and
+    `ignore` False it is the identity."""
 
-    def __init__(self, env: gym.Env, bounds=None):
-        gym.utils.RecordConstructorArgs.__init__(self, bounds=bounds)
+    def __init__(self, env: gym.Env, bounds=None, ignore: bool = False):
+        gym.utils.RecordConstructorArgs.__init__(self, bounds=bounds, ignore=ignore)
         gym.Wrapper.__init__(self, env)
+        self.ignore = bool(ignore)
         shape = getattr(env.observation_space, "shape", ())
         self.bounds = None
         if bounds is not None:
@@ -480,6 +483,9 @@ class TerminationGap(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.ignore and terminated:
+            terminated = False
+            info = _with_reality(info, "termination_ignored", True)
         if self.bounds is not None and bool((np.abs(np.asarray(obs, float).ravel()) > self.bounds).any()):
             terminated = True
             info = _with_reality(info, "terminated_by_bound", True)

@@ -13,6 +13,7 @@ import numpy as np
 
 from wmcheck.checks.config import COMPETENCE, DYNAMICS_GAPS, SCORES
 from wmcheck.checks.decision import Decision, Levels
+from wmcheck.checks.endings import EXPECTED
 from wmcheck.checks.evidence import CheckEvidence, DistributionEvidence, EpisodeEvidence, GapEvidence
 from wmcheck.checks.policy_match import PolicyShift
 
@@ -529,15 +530,21 @@ def dynamics_row(g: GapEvidence, verdict: str) -> dict:
 
 def ending_row(g: GapEvidence, verdict: str) -> dict:
     d = g.detail
-    text = (
-        f"{d.checked_terminated} of {d.checked_episodes} checked episodes terminate "
-        f"({d.checked_rate:.0%}{f', after {d.checked_steps:.0f} steps on average' if d.checked_steps else ''}); "
-        f"{d.real_terminated} of {d.real_episodes} real episodes do ({d.real_rate:.0%}"
-        f"{f', after {d.real_steps:.0f} steps' if d.real_steps else ''}); Fisher's exact test, episodes as the "
-        f"units: p = {d.p_value:.3g}"
-        + (f"; {d.not_judged} episode(s) ending outside the real logs' range not judged" if d.not_judged else "")
-        + expected_words(d)
-    )
+    parts = []
+    if d.count_p is not None:
+        parts.append(
+            f"{d.checked_terminated} of {d.checked_episodes} checked episodes terminate "
+            f"({d.checked_rate:.0%}{f', after {d.checked_steps:.0f} steps on average' if d.checked_steps else ''}); "
+            f"{d.real_terminated} of {d.real_episodes} real episodes do ({d.real_rate:.0%}"
+            f"{f', after {d.real_steps:.0f} steps' if d.real_steps else ''}); Fisher's exact test, episodes as the "
+            f"units: p = {d.count_p:.3g}"
+            + (f"; {d.not_judged} episode(s) ending outside the real logs' range not judged" if d.not_judged else "")
+            + expected_words(d)
+        )
+    if d.run_on is not None:
+        parts.append(run_on_words(d.run_on))
+    text = "; ".join(parts)
+    r = d.run_on
     estimate = {
         "checked_termination_rate": round(d.checked_rate, 4),
         "real_termination_rate": round(d.real_rate, 4),
@@ -546,6 +553,7 @@ def ending_row(g: GapEvidence, verdict: str) -> dict:
         "real_terminated": d.real_terminated,
         "real_episodes": d.real_episodes,
         "p_value": r4(d.p_value),
+        "count_p_value": r4(d.count_p) if d.count_p is not None else None,
         "checked_mean_length": round(d.checked_length, 1),
         "not_judged": d.not_judged,
         "checked_probed_terminations": d.checked_probed,
@@ -556,8 +564,39 @@ def ending_row(g: GapEvidence, verdict: str) -> dict:
         "checked_end_probability_median": r4(d.checked_end_probability),
         "real_end_probability_median": r4(d.real_end_probability),
         "ends_where_reality_ends": d.upstream,
+        "run_on": None
+        if r is None
+        else {
+            "checked_probed": r.checked_probed,
+            "checked_with_expected_end": len(r.checked),
+            "checked_steps_run_on": r.checked,
+            "real_probed": r.real_probed,
+            "real_with_expected_end": len(r.real),
+            "real_steps_run_on": r.real,
+            "p_value": r4(r.p_value),
+            "level": r4(r.level),
+            "runs_on": r.fires,
+        },
     }
     return _row(g, verdict, estimate, None, text)
+
+
+def run_on_words(r) -> str:
+    """The run-on test (endings.RunOn) in a clause of the ending row."""
+    real = (
+        f"held-out real: {len(r.real)} of {r.real_probed}, for a median of {r.real_median:.0f} steps (at most "
+        f"{max(r.real)})"
+    )
+    if not r.checked:
+        return (
+            f"none of {r.checked_probed} checked episodes reaches a state where the world model expects reality to end "
+            f"(end probability >= {EXPECTED:g}, inside the real logs' range); {real}"
+        )
+    return (
+        f"{len(r.checked)} of {r.checked_probed} checked episodes go on past a state where the world model expects "
+        f"reality to end (end probability >= {EXPECTED:g}, inside the real logs' range), for a median of "
+        f"{r.checked_median:.0f} steps; {real}; one-sided Mann-Whitney test, episodes as the units: p = {r.p_value:.3g}"
+    )
 
 
 def expected_words(d) -> str:
@@ -906,6 +945,18 @@ def ending_cause_sentence(ending: GapEvidence, ev: CheckEvidence) -> str:
     """Why the checked episodes end otherwise, as far as the evidence goes (endings.py)."""
     blocks = sum(e.blocks for e in ev.divergence.episodes) if ev.divergence is not None else 0
     scored = f"{blocks} block(s) of the checked episodes could be scored, and no gap test tells which"
+    d = ending.detail
+    if d is not None and d.run_on is not None and d.run_on.fires:
+        return (
+            "The checked episodes go on where the world model expects reality to end: the simulator lacks a "
+            "termination the real system has (a fall, a trip, a safety cut-off), or ends later than it."
+        )
+    if ending.confounded_with and d is not None and d.checked_rate < d.real_rate:
+        return (
+            "The checked episodes end less often than reality's and do not go on past states where the world model "
+            "expects reality to end: they do not reach the failing states, which a latency, actuator, sensor-noise or "
+            f"dynamics difference does under a controller as well; {scored}."
+        )
     if ending.confounded_with:
         return (
             "The checked episodes end more often than reality's, where the world model expects reality to end "

@@ -16,8 +16,10 @@ deterministic, biased and checked under other policies, so the families are:
                  behaviour policy, under other excitation (faster held commands, a closed-loop
                  controller) and with other episode counts (few, many): every one should pass;
   ending         the reality's profile plus a termination the real system does not have (episodes
-                 end where reality runs on; truth: ending), and the reality cut by a time limit
-                 shorter than a block (truncated, not terminated: no gap, but nothing to score).
+                 end where reality runs on; truth: ending), the reality without its own termination
+                 (episodes run on where reality falls; truth: ending), or ending later than it, and
+                 the reality cut by a time limit shorter than a block (truncated, not terminated: no
+                 gap, but nothing to score).
 """
 
 from __future__ import annotations
@@ -192,6 +194,8 @@ class SystemSpec:
     episode_counts: tuple[int, ...] = (4, 32)  # other checked-episode counts for faithful controls
     termination_bounds: list | None = None  # per channel |obs| bound of the early-ending simulator (None: no row)
     ending_steps: tuple[int, ...] = (40,)  # time limits shorter than a block (truncated, not terminated)
+    run_on_bounds: list | None = None  # the simulator that ends later: the env's termination dropped, these
+    # |obs| bounds instead (None: no run-on rows; a system whose reality terminates also gets one without any)
     preset: str = "debug"
     steps: int = 3000
     batch_size: int = 32
@@ -300,6 +304,10 @@ DOUBLE_PENDULUM = SystemSpec(
     # 10-40 steps, so their episodes end early: the check must speak from what short episodes allow.
     policy="controller:idp_lqr",
     other_policies=("controller:idp_lqr_slow",),
+    # runs on: no fall detection at all; ends later: it ends only once the lower pole has tilted past
+    # about 72 degrees (|sin theta1| > 0.95; reality's falls end at |sin theta1| <= 0.91)
+    run_on_bounds=[None, 0.95] + [None] * 7,
+    ending_reps=2,
     episodes=120,
     max_steps=200,
     check_episodes=8,
@@ -537,6 +545,25 @@ def _endings(spec: SystemSpec, reality: RealityProfile) -> list[CheckJob]:
                     f"terminates when |obs| > {spec.termination_bounds}",
                 )
             )
+    if spec.run_on_bounds is not None:
+        for rep in range(spec.ending_reps):
+            for k, (bounds, label) in enumerate(((None, "runs on"), (list(spec.run_on_bounds), "ends later"))):
+                prof = dataclasses.replace(
+                    reality, seed=6200 + 10 * k + rep, ignore_termination=True, termination_bounds=bounds, name=label
+                )
+                how = "no termination" if bounds is None else f"terminates only when |obs| > {bounds}"
+                jobs.append(
+                    CheckJob(
+                        spec.name,
+                        "ending",
+                        f"end-{'runon' if bounds is None else 'later'}-r{rep}",
+                        prof.to_dict(),
+                        spec.policy,
+                        62_000 + 100 * k + rep,
+                        ("ending",),
+                        how,
+                    )
+                )
     for i, steps in enumerate(spec.ending_steps):
         for rep in range(spec.ending_reps):
             prof = dataclasses.replace(reality, seed=6100 + 10 * i + rep, name=f"cut after {steps} steps")

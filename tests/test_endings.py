@@ -18,6 +18,15 @@ def _ep(i, steps, terminated, last=0.0):
     return Episode(obs, np.zeros((steps, 1), np.float32), terminations=term, id=i)
 
 
+def _profile(steps, last=0.0, expected_from=None, value=0.9):
+    """An end profile (steps + 1,): 0.01 everywhere, `value` from row `expected_from` on, `last` at the end."""
+    p = np.full(steps + 1, 0.01)
+    if expected_from is not None:
+        p[expected_from:] = value
+    p[-1] = last
+    return p
+
+
 def test_fisher_exact_matches_textbook_values():
     assert fisher_exact_p(3, 10, 1, 10) == pytest.approx(0.5820, abs=1e-4)  # scipy.stats.fisher_exact
     assert fisher_exact_p(8, 8, 0, 48) < 1e-8 and fisher_exact_p(0, 5, 0, 40) == 1.0
@@ -26,7 +35,14 @@ def test_fisher_exact_matches_textbook_values():
 
 def test_ending_test_finds_early_terminations_and_ignores_truncations():
     real = real_endings([_ep(i, 200, False) for i in range(40)])
-    assert real == {"episodes": 40, "terminated": 0, "terminated_steps_mean": None, "held_out_end_probabilities": []}
+    assert real == {
+        "episodes": 40,
+        "terminated": 0,
+        "terminated_steps_mean": None,
+        "held_out_end_probabilities": [],
+        "held_out_probed": 0,
+        "held_out_run_on": [],
+    }
     level = 0.005
     early = ending_evidence([_ep(i, 30, True) for i in range(8)], real, level, (np.array([-1.0]), np.array([1.0])))
     assert early.fires and early.detail.checked_terminated == 8 and early.detail.checked_steps == 30
@@ -142,17 +158,22 @@ def test_endings_where_the_model_expects_reality_to_end_too_are_confounded_with_
     from wmcheck.checks.decision import top_gap
     from wmcheck.checks.evidence import CheckEvidence, DivergenceEvidence, GapEvidence, PooledEvidence
 
-    real = real_endings([_ep(i, 200, i < 10) for i in range(40)], {i: 0.9 for i in range(10)})
-    assert real["held_out_end_probabilities"] == [0.9] * 10
+    eps = [_ep(i, 200, i < 10) for i in range(40)]
+    real = real_endings(eps, eps[:10], {i: _profile(200, last=0.9) for i in range(10)})
+    assert real["held_out_end_probabilities"] == [0.9] * 10 and real["held_out_run_on"] == [0] * 10
     falls = [_ep(i, 30, True) for i in range(8)]
     level = 0.005
-    sooner = ending_evidence(falls, real, level, None, {i: 0.8 for i in range(8)})
+
+    def last(ps):
+        return {i: _profile(30, last=q) for i, q in ps.items()}
+
+    sooner = ending_evidence(falls, real, level, None, last({i: 0.8 for i in range(8)}))
     assert sooner.fires and sooner.detail.checked_expected == 8 and sooner.detail.upstream
     assert sooner.confounded_with == ("latency", "actuator", "sensor_noise", "dynamics")
-    tripped = ending_evidence(falls, real, level, None, {i: 0.01 for i in range(8)})
+    tripped = ending_evidence(falls, real, level, None, last({i: 0.01 for i in range(8)}))
     assert tripped.fires and tripped.detail.checked_expected == 0 and not tripped.confounded_with
     # expected at 5 of 8 where real terminations are expected at 10 of 10: Fisher p 0.07 > level, upstream
-    mixed = ending_evidence(falls, real, level, None, {i: 0.8 if i < 5 else 0.1 for i in range(8)})
+    mixed = ending_evidence(falls, real, level, None, last({i: 0.8 if i < 5 else 0.1 for i in range(8)}))
     assert mixed.detail.expected_p > level and mixed.confounded_with
     # no end probabilities (an older calibration has no real ones; the check always probes its own)
     assert not ending_evidence(falls, real, level).confounded_with
@@ -198,3 +219,93 @@ def test_a_check_whose_every_block_is_left_to_the_ending_test_is_not_a_pass():
     assert decide(ev, Levels.for_check(0.05, 6)).verdict == "inconclusive"
     judged = divergence_evidence(_scores(rng, 6), real, real_ep, ep)  # the same blocks, judged: a pass
     assert decide(CheckEvidence(judged, ev.gaps), Levels.for_check(0.05, 6)).verdict == "pass"
+
+
+# ---- episodes that run on where reality ends (endings.py, the run-on test) ----------------------------
+
+
+def _real_with_early_heads():
+    """40 real episodes, 16 falling at step 30; of the 20 held out, 8 fall, and the head expects
+    each fall 1-5 steps early (as the double pendulum's does)."""
+    eps = [_ep(i, 30, True) if i % 5 < 2 else _ep(i, 200, False) for i in range(40)]
+    held = eps[:20]
+    falls = [e.id for e in held if e.num_steps == 30]
+    profiles = {e.id: _profile(200) for e in held} | {
+        i: _profile(30, last=0.9, expected_from=29 - (j % 5)) for j, i in enumerate(falls)
+    }
+    return real_endings(eps, held, profiles, (np.array([-1.0]), np.array([1.0])))
+
+
+def test_steps_run_on_count_from_the_first_expected_end_inside_the_range():
+    from wmcheck.checks.endings import run_on_steps
+
+    e = _ep(0, 200, False)
+    assert run_on_steps(e, _profile(200, expected_from=30)) == 170
+    assert run_on_steps(e, _profile(200)) is None
+    assert run_on_steps(_ep(1, 30, True), _profile(30, last=0.95)) == 0  # it ends where it is expected to
+    far = _ep(2, 200, False)
+    far.observations[:60] = 5.0  # the first expected ends lie outside the real logs' range: not judged there
+    assert run_on_steps(far, _profile(200, expected_from=30), (np.array([-1.0]), np.array([1.0]))) == 140
+    real = _real_with_early_heads()
+    assert real["held_out_probed"] == 20 and real["held_out_run_on"] == [1, 1, 2, 2, 3, 3, 4, 5]
+
+
+def test_a_run_that_goes_on_where_reality_ends_fails_on_the_ending_row_and_names_it():
+    """A simulator without reality's fall detection: its episodes go on past the states where the
+    model expects the real plant to end. Where they run on into states no real log holds, the
+    count test judges none of them and the steps run on against the held-out real ones' decide;
+    where the counts judge them, the run-on test says what a firing row means (named, not
+    confounded)."""
+    from wmcheck.checks.report_build import ending_cause_sentence, ending_row
+
+    real, level, box = _real_with_early_heads(), 0.005, (np.array([-1.0]), np.array([1.0]))
+    runs = [_ep(i, 200, False, last=5.0) for i in range(8)]  # every one ends outside the real range
+    profiles = {i: _profile(200, expected_from=30) if i < 6 else _profile(200) for i in range(8)}
+    ev = ending_evidence(runs, real, level, box, profiles)
+    d = ev.detail
+    assert d.count_p is None and d.run_on.checked == [170] * 6 and d.run_on.fires
+    assert ev.fires and not ev.confounded_with and d.p_value == d.run_on.p_value
+    calm = [_ep(i, 200, False) for i in range(24)]  # 0 of 24 terminate: the counts fire, the run-on names it
+    named = ending_evidence(calm, real, level, box, {i: _profile(200, expected_from=30) for i in range(24)})
+    assert named.detail.count_p < level and named.detail.run_on.fires and not named.confounded_with
+    row = ending_row(ev, "present")
+    assert "6 of 8 checked episodes go on past a state" in row["explanation"]
+    assert row["estimate"]["run_on"]["runs_on"] and "lacks a termination" in ending_cause_sentence(ev, _no_blocks())
+    # the same runs with their expected ends outside the real logs' range: the model cannot judge them
+    for e in runs:
+        e.observations[:] = 5.0
+    assert not ending_evidence(runs, real, level, box, profiles).fires
+    # faithful runs: falls the head expects a few steps early, as reality's
+    like = [_ep(i, 30, True) if i < 3 else _ep(i, 200, False) for i in range(8)]
+    same = {i: _profile(30, last=0.9, expected_from=27) if i < 3 else _profile(200) for i in range(8)}
+    ok = ending_evidence(like, real, level, box, same)
+    assert ok.detail.run_on.checked == [3, 3, 3] and not ok.detail.run_on.fires and not ok.fires
+    # where no real episode terminates the head has learned no end: the run-on test does not apply
+    calm = real_endings([_ep(i, 200, False) for i in range(40)], [], {}, box)
+    assert ending_evidence(runs, calm, level, None, profiles).detail.run_on is None
+
+
+def test_a_run_that_ends_less_often_without_going_on_past_an_expected_end_is_confounded():
+    """Fewer falls than reality's and no expected end passed: the simulator never reaches the
+    failing states, which a friendlier latency, actuator, sensor-noise or dynamics does under a
+    controller; the ending is listed with them, not named. Without the run-on test's null (an older
+    calibration) it is named as before."""
+    from wmcheck.checks.report_build import ending_cause_sentence
+
+    real, level = _real_with_early_heads(), 0.005
+    calm = [_ep(i, 200, False) for i in range(24)]
+    ev = ending_evidence(calm, real, level, None, {i: _profile(200) for i in range(24)})
+    assert ev.fires and ev.detail.run_on.checked == [] and ev.detail.run_on.p_value == 1.0
+    assert ev.confounded_with == ("latency", "actuator", "sensor_noise", "dynamics")
+    assert "do not reach the failing states" in ending_cause_sentence(ev, _no_blocks())
+    older = {k: v for k, v in real.items() if k != "held_out_run_on"}
+    named = ending_evidence(calm, older, level, None, {i: _profile(200) for i in range(24)})
+    assert named.fires and not named.confounded_with and named.detail.p_value == named.detail.count_p
+
+
+def _no_blocks():
+    from wmcheck.checks.config import ROW_GAPS
+    from wmcheck.checks.evidence import CheckEvidence, DivergenceEvidence, GapEvidence, PooledEvidence
+
+    gaps = {g: GapEvidence.not_checked(g, "") for g in ROW_GAPS}
+    return CheckEvidence(DivergenceEvidence([], PooledEvidence({"nll": 1.0})), gaps)

@@ -188,6 +188,26 @@ def test_termination_bound_ends_episodes_reality_does_not_end():
         make_reality_env("Pendulum-v1", {"termination_bounds": [1.0]})
 
 
+def test_a_simulator_without_the_envs_termination_runs_on_where_it_falls():
+    """ignore_termination drops the env's own termination (InvertedDoublePendulum falls within a
+    few dozen steps under random commands); the bounds, where given, still end the episode."""
+    env_id = "InvertedDoublePendulum-v5"
+    falls = record_reality(env_id, {}, "hold:5", episodes=3, max_steps=150, seed=0)
+    assert all(e.terminations[-1] and e.num_steps < 150 for e in falls)
+    runs = record_reality(env_id, {"ignore_termination": True}, "hold:5", episodes=3, max_steps=150, seed=0)
+    assert all(e.num_steps == 150 and not e.terminations.any() for e in runs)
+    for fell, ran in zip(falls, runs):  # the same episode up to the fall, then it goes on
+        np.testing.assert_allclose(ran.observations[: fell.num_steps + 1], fell.observations, atol=1e-6)
+    later = [None, 0.95] + [None] * 7  # ends only once the lower pole has tilted past ~72 degrees
+    ends = record_reality(
+        env_id, {"ignore_termination": True, "termination_bounds": later}, "hold:5", episodes=3, max_steps=150, seed=0
+    )
+    assert all(e.terminations[-1] and abs(e.observations[-1, 1]) > 0.95 for e in ends)
+    assert all(b.num_steps > a.num_steps for a, b in zip(falls, ends))
+    with pytest.raises(UserError, match="ignore_termination"):
+        make_reality_env(env_id, {"ignore_termination": "yes"})
+
+
 def test_actuator_parameters_are_per_channel():
     env = gym.make("HalfCheetah-v5")
     gain = np.array([1.0, 0.5, 0.0, -1.0, 2.0, 0.25])
