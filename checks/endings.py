@@ -11,8 +11,8 @@ system where no real log went, e.g. to a goal the real logs never reached) is no
 reality would end there is unknown, which is the competence tests' finding, not an ending gap.
 
 Where the checked episodes end, the world model's continue head says whether reality would have
-ended there too (`end_probabilities`: having observed the whole episode, the probability that its
-last step ends it). One cause the counts cannot tell from others: a simulator that terminates
+ended there too (the last row of `end_profiles`: having observed the whole episode, the
+probability that its last step ends it). One cause the counts cannot tell from others: a simulator that terminates
 where the model expects reality to end as well, as often as real terminations are expected,
 reaches failing states sooner (or later), and has no other termination rule: under a controller a
 latency, actuator, sensor-noise or dynamics difference does that (on the double pendulum every such simulator
@@ -34,18 +34,18 @@ reality's end a probability of at least one half is an expected end, and the ste
 on after its first one are what it ran on (0 where it ends there). Real episodes mostly end at
 their first expected end, and some a few steps later (the head expects a fall a few steps early).
 Among the episodes with an expected end, the checked steps run on are compared with the held-out
-real episodes' (calibration stores them) by a one-sided Mann-Whitney test, episodes as the units: whether an episode reaches a failing
-state at all is what the counts judge, how long it goes on after is what this judges, and the two
-do not depend on the number of checked episodes. The test applies where the real logs terminate
+real episodes' (calibration stores them) by a one-sided Mann-Whitney test, episodes as the units:
+whether an episode reaches a failing state at all is what the counts judge, how long it goes on
+after is what this judges, and the two do not depend on the number of checked episodes. The test applies where the real logs terminate
 (the head has learned an end) and some held-out real episode has an expected end. It decides the
 row only where the count test judges no episode (every checked episode ends outside the real
 logs' range, e.g. a simulator that runs on past a fall into states no log holds); elsewhere it
 says what a firing row means. Splitting the row's level between the two tests was tried and
 reverted: the count test then missed 4 of 34 gapped double-pendulum simulators it had flagged
-(docs/benchmarks.md, twenty-seventh session). A run that
-goes on past expected ends names the ending (its simulator lacks reality's termination); a run
-that terminates less often than reality's without going on past expected ends never reaches the
-failing states, which the four UPSTREAM gaps do to a controlled system too: confounded with them.
+(docs/benchmarks.md, twenty-seventh session). A run that goes on past expected ends names the
+ending (its simulator lacks reality's termination); a run that terminates less often than
+reality's without going on past expected ends never reaches the failing states, which the four
+UPSTREAM gaps do to a controlled system too: confounded with them.
 """
 
 from __future__ import annotations
@@ -81,12 +81,6 @@ def end_profiles(model, episodes, norm) -> dict[int, np.ndarray]:
             logit = m.cont(observed.state.feat())[0]  # (N+1,)
             out[int(e.id)] = (1.0 - torch.sigmoid(logit.float())).numpy().astype(float)
     return out
-
-
-def end_probabilities(model, episodes, norm) -> dict[int, float]:
-    """{episode id: the model's probability that reality ends at the episode's last step}
-    (`end_profiles`' last row; a non-finite head output says nothing and is dropped)."""
-    return last_end_probabilities(end_profiles(model, episodes, norm))
 
 
 def last_end_probabilities(profiles: dict[int, np.ndarray]) -> dict[int, float]:
@@ -153,7 +147,7 @@ class EndingDetail:
     expected_level: float = 0.0  # the level it is judged at (the ending test's)
     checked_end_probability: float | None = None  # median over the checked terminations
     real_end_probability: float | None = None  # median over the held-out real terminations
-    count_p: float | None = None  # the count test's p before the row's split (None: it did not run)
+    count_p: float | None = None  # the count test's p (None: no episode ends inside the real logs' range)
     run_on: RunOn | None = None  # the run-on test (None: it does not apply)
 
     @property

@@ -194,8 +194,8 @@ class SystemSpec:
     episode_counts: tuple[int, ...] = (4, 32)  # other checked-episode counts for faithful controls
     termination_bounds: list | None = None  # per channel |obs| bound of the early-ending simulator (None: no row)
     ending_steps: tuple[int, ...] = (40,)  # time limits shorter than a block (truncated, not terminated)
-    run_on_bounds: list | None = None  # the simulator that ends later: the env's termination dropped, these
-    # |obs| bounds instead (None: no run-on rows; a system whose reality terminates also gets one without any)
+    run_on_bounds: list | None = None  # the env's termination dropped, these |obs| bounds instead: the simulator
+    # that ends later; given, the family also gets one with no termination at all (None: neither)
     preset: str = "debug"
     steps: int = 3000
     batch_size: int = 32
