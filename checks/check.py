@@ -25,7 +25,7 @@ import numpy as np
 from wmcheck.checks import report_build as rb
 from wmcheck.checks.blocks import Blocks, block_controls, block_states, make_blocks
 from wmcheck.checks.calibration import Calibration, load_calibrated
-from wmcheck.checks.config import POWER_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
+from wmcheck.checks.config import POWERED_GAPS, ROW_GAPS, SCORES, CheckConfig, Gate
 from wmcheck.checks.decision import Decision, Levels, decide, strength
 from wmcheck.checks.divergence import competent_blocks, divergence_evidence, endings_left_out, score_arrays
 from wmcheck.checks.endings import end_profiles, ending_evidence, ends_inside, run_on_applies, terminates
@@ -188,7 +188,7 @@ def run_check(
         dist,
         corrected,
         policy_passed,
-        _power_evidence(power, inp, gate),
+        _power_evidence(power, inp, gate, ending),
         _model_quality(inp),
         policy_shift,
     )
@@ -216,7 +216,7 @@ def _short_check(
         None,
         None,
         None,
-        _power_evidence({}, inp, gate),
+        _power_evidence({}, inp, gate, ending),
         _model_quality(inp),
     )
     dec = decide(ev, levels, gate.allow_unverifiable)
@@ -365,16 +365,19 @@ def _episode_details(div, inp: CheckInputs, sc: BlockScores, flagged: np.ndarray
             break
 
 
-def _power_evidence(power: dict, inp: CheckInputs, gate: Gate) -> PowerEvidence:
-    """What the power table says a check of this size could detect; the types a pass needs."""
+def _power_evidence(power: dict, inp: CheckInputs, gate: Gate, ending: GapEvidence) -> PowerEvidence:
+    """What the power table says a check of this size could detect, whether the ending row could
+    have fired at all (its best case, endings.EndingPower); the types a pass needs."""
     drivers = {"latency": inp.norm.dim("action") + inp.norm.dim("input"), "actuator": inp.norm.dim("action")}
-    applies = [g for g in POWER_GAPS if drivers.get(g, 1) > 0]
+    applies = [g for g in POWERED_GAPS if drivers.get(g, 1) > 0]
     required = tuple(gate.require_power) if gate.require_power is not None else tuple(applies)
+    ending_power = getattr(ending.detail, "power", None)
     return PowerEvidence(
         {g: row["smallest_detected"] is not None for g, row in power.items()},
         all(row.get("reliable", True) for row in power.values()),
         len(inp.cal.info.get("held_out_episodes", [])),
         required,
+        ending_power is not None and ending_power.detectable,
     )
 
 

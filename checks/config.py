@@ -24,6 +24,9 @@ POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
 simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "ending", "distribution")
 POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias", "obs_scale", "smoothing")
+POWERED_GAPS = POWER_GAPS + (
+    "ending",
+)  # what a pass needs power on: the power table's types, the ending row's best case
 """The gap types the power table injects (power.POWER_SIZES), which a pass needs power on."""
 MIN_HORIZON = 8
 """The fewest imagined steps a block may have (CheckConfig.fitted_to), and the horizon of the
@@ -259,8 +262,10 @@ class Gate:
     allow_unverifiable: let unverifiable episodes pass (exit 0) — the report still says so
     require_power:      the gap types a pass needs power on (default: every type of the power table
                         that applies: latency (with command or input channels), actuator (with
-                        command channels), sensor_noise, sensor_bias, obs_scale, smoothing); a run that finds nothing but could not have seen a required
-                        type is `inconclusive` (exit 3). Listing fewer accepts a partial pass.
+                        command channels), sensor_noise, sensor_bias, obs_scale, smoothing, and
+                        ending (its best case in this check, endings.EndingPower)); a run that
+                        finds nothing but could not have seen a required type is `inconclusive`
+                        (exit 3). Listing fewer accepts a partial pass.
     policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`).
                         Keys set here are binding: fewer simulator episodes, or a lower (or unknown)
                         success rate, fail. Keys left out take the defaults 1000 / 0.85: a lower
@@ -299,9 +304,9 @@ class Gate:
         self.policy = validate_gate_policy(self.policy, where)
         if self.require_power is not None:
             rp = self.require_power
-            if not isinstance(rp, list) or not all(isinstance(g, str) for g in rp) or set(rp) - set(POWER_GAPS):
+            if not isinstance(rp, list) or not all(isinstance(g, str) for g in rp) or set(rp) - set(POWERED_GAPS):
                 raise UserError(
-                    f"{where}: require_power must be a list of gap types from {list(POWER_GAPS)}, got {rp!r}",
+                    f"{where}: require_power must be a list of gap types from {list(POWERED_GAPS)}, got {rp!r}",
                     "e.g. require_power: [sensor_noise, sensor_bias]",
                 )
 

@@ -129,6 +129,30 @@ class RunOn:
 
 
 @dataclass
+class EndingPower:
+    """What the ending row could have seen in this check at best (decision R7): its tests' p-values
+    had the checked episodes ended as differently from reality's as they can. A pass claims both
+    directions: episodes that end sooner (more of them terminate) and episodes that end later or
+    never (fewer terminate, or they run on past expected ends)."""
+
+    sooner_p: float | None  # the count test with every judged checked episode terminating (None: every real one does)
+    later_p: float | None  # the smaller of the count test with none terminating and the run-on test's best case
+    level: float  # the row's level
+    judged: int  # checked episodes the count test judges (ending inside the real logs' range)
+    episodes_needed: int | None  # judged episodes at which both count directions reach the level (None: none do)
+
+    @property
+    def blind(self) -> tuple[str, ...]:
+        """The directions no outcome of this check could have shown ("sooner", "later")."""
+        sides = {"sooner": self.sooner_p, "later": self.later_p}
+        return tuple(side for side, p in sides.items() if p is not None and p >= self.level)
+
+    @property
+    def detectable(self) -> bool:
+        return not self.blind
+
+
+@dataclass
 class EndingDetail:
     checked_episodes: int
     checked_terminated: int
@@ -149,6 +173,7 @@ class EndingDetail:
     real_end_probability: float | None = None  # median over the held-out real terminations
     count_p: float | None = None  # the count test's p (None: no episode ends inside the real logs' range)
     run_on: RunOn | None = None  # the run-on test (None: it does not apply)
+    power: EndingPower | None = None  # what the row could have seen in this check, at best (R7)
 
     @property
     def upstream(self) -> bool:
@@ -261,6 +286,7 @@ def ending_evidence(
         expected_level=level,
         count_p=count_p,
         run_on=run,
+        power=ending_power(len(judged), real, level, run),
     )
     end_p = last_end_probabilities(profiles or {})
     ends = [end_p[int(e.id)] for e in judged if terminates(e) and int(e.id) in end_p]
@@ -274,6 +300,46 @@ def ending_evidence(
             detail.expected_p = fisher_exact_p(detail.checked_expected, len(ends), detail.real_expected, len(real_ends))
     evidence = level / max(p, 1e-300)
     return GapEvidence("ending", evidence, detail=detail, confounded_with=_confounded(detail, evidence >= 1.0))
+
+
+MAX_EPISODES_NEEDED = 1 << 14  # beyond this many checked episodes the fix is more real ones
+
+
+def ending_power(judged: int, real: dict, level: float, run: RunOn | None) -> EndingPower:
+    """The ending row's best case (`EndingPower`) for `judged` checked episodes the count test judges,
+    against the real counts calibration stores, and the run-on test as this check has it (its best
+    case: every checked episode with an expected end runs on longer than every held-out real one)."""
+    t, n_real = int(real["terminated"]), int(real["episodes"])
+    sooner = fisher_exact_p(judged, judged, t, n_real) if t < n_real else None
+    later = None
+    if t > 0:
+        later = fisher_exact_p(0, judged, t, n_real)
+        if run is not None and run.checked:
+            k, theirs = len(run.checked), np.asarray(run.real, float)
+            longest = theirs.max() + 1 + np.arange(k, dtype=float)  # (k,) every one beyond every real episode
+            later = min(later, mann_whitney_greater(longest, theirs))
+    return EndingPower(sooner, later, level, judged, _episodes_needed(t, n_real, level))
+
+
+def _episodes_needed(t: int, n_real: int, level: float) -> int | None:
+    """The fewest judged checked episodes at which the count test could show both directions
+    that these real counts allow (t of n_real terminate); None where no number up to
+    MAX_EPISODES_NEEDED does."""
+
+    def enough(n: int) -> bool:
+        sooner = t == n_real or fisher_exact_p(n, n, t, n_real) < level
+        return sooner and (t == 0 or fisher_exact_p(0, n, t, n_real) < level)
+
+    hi = 1
+    while not enough(hi):
+        hi *= 2
+        if hi > MAX_EPISODES_NEEDED:
+            return None
+    lo = hi // 2  # enough(hi); not enough(lo) unless lo == 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 def _confounded(d: EndingDetail, fires: bool) -> tuple[str, ...]:

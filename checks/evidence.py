@@ -119,17 +119,24 @@ class PowerEvidence:
     reliable: bool = True  # False: the uninjected control already reaches the target (held-out episodes differ)
     held_out_episodes: int = 0  # real episodes the thresholds and the power rest on
     required: tuple[str, ...] = ()  # the types a pass needs power on (gate `require_power`, default all that apply)
+    ending: bool = False  # the ending row's best case reaches its level (endings.EndingPower; False: not judged)
 
     @property
     def measured(self) -> bool:
+        """The power table was measured (the ending row's power is this check's own, not the table's)."""
         return bool(self.detectable)
 
     @property
     def missing(self) -> tuple[str, ...]:
-        """Required types the check could not have seen (all of them when power was not measured)."""
-        if not self.measured or not self.reliable:
-            return tuple(self.required)
-        return tuple(g for g in self.required if not self.detectable.get(g, False))
+        """Required types the check could not have seen: of the power table's, all of them when it
+        was not measured or its control is unreliable, else those detected at no tested size; the
+        ending where its best case does not reach its level."""
+        table_ok = self.measured and self.reliable
+        return tuple(
+            g
+            for g in self.required
+            if not (self.ending if g == "ending" else table_ok and self.detectable.get(g, False))
+        )
 
 
 @dataclass

@@ -577,8 +577,50 @@ def ending_row(g: GapEvidence, verdict: str) -> dict:
             "level": r4(r.level),
             "runs_on": r.fires,
         },
+        "power": None if d.power is None else ending_power_estimate(d.power),
     }
     return _row(g, verdict, estimate, None, text)
+
+
+def ending_power_estimate(pw) -> dict:
+    """The ending row's best case (endings.EndingPower) in the JSON."""
+    return {
+        "sooner_p_value": r4(pw.sooner_p) if pw.sooner_p is not None else None,
+        "later_p_value": r4(pw.later_p) if pw.later_p is not None else None,
+        "level": r4(pw.level),
+        "judged_episodes": pw.judged,
+        "episodes_needed": pw.episodes_needed,
+        "detectable": pw.detectable,
+        "blind": list(pw.blind),
+    }
+
+
+def ending_power_words(g: GapEvidence) -> str:
+    """Why the ending row could not have fired in this check (R7), and what would let it."""
+    pw = getattr(g.detail, "power", None)
+    if not g.checked or pw is None:
+        return f"the ending test could not run ({g.reason})"
+    d = g.detail
+    real = f"{d.real_terminated} of {d.real_episodes} real episodes terminate"
+    judged = f"{pw.judged} judged checked episodes (those ending inside the real logs' range)"
+    ways = {
+        "sooner": f"had all {judged} terminated (p = {pw.sooner_p:.3g})",
+        "later": f"had none of the {judged} terminated, or every checked episode that reaches an expected end "
+        f"run on longer than every held-out real one (p = {pw.later_p:.3g})"
+        if pw.later_p is not None
+        else "",
+    }
+    need = (
+        f"about {pw.episodes_needed} checked episodes ending inside the real logs' range would give the count test "
+        "power both ways"
+        if pw.episodes_needed is not None
+        else "no number of checked episodes would against so few real ones: more real episodes would"
+    )
+    return (
+        f"the ending test could not have reached its level ({pw.level:.3g}) even "
+        + " or ".join(ways[side] for side in pw.blind)
+        + f" ({real}); {need}"
+    )
 
 
 def run_on_words(r) -> str:
@@ -838,6 +880,8 @@ def message(
                 "reported, not failing (set tolerances.distribution.min_coverage in the gate to make coverage binding)."
             )
         parts.append(power_sentence(power, levels.alpha))
+        if "ending" in ev.gaps:
+            parts.append(ending_pass_sentence(ev.gaps["ending"]))
     if policy is not None:
         parts.extend(policy_gate_notes(policy["gate"]))
     alike = {
@@ -1004,22 +1048,26 @@ def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:
             )
         )
     pw = ev.power
-    if not pw.measured:
-        why = (
+    table = [g for g in dec.missing_power if g != "ending"]
+    if not table:
+        why = []
+    elif not pw.measured:
+        why = [
             f"its power was not measured ({pw.held_out_episodes} held-out real episodes; the power table needs at "
             "least 2 per half)"
-        )
+        ]
     elif not pw.reliable:
         rate = next(iter(power.values()))["control_detection"]
-        why = (
+        why = [
             "its power could not be measured reliably: with no gap injected, the held-out real episodes already "
             f"differ among themselves ({rate:.0%} detected)"
-        )
+        ]
     else:
-        sizes = "; ".join(
-            f"{g} up to {power[g]['sizes'][-1]} {power[g]['units']}" for g in dec.missing_power if g in power
-        )
-        why = f"no injected size of {', '.join(dec.missing_power)} was detected ({sizes})"
+        sizes = "; ".join(f"{g} up to {power[g]['sizes'][-1]} {power[g]['units']}" for g in table if g in power)
+        why = [f"no injected size of {', '.join(table)} was detected ({sizes})"]
+    if "ending" in dec.missing_power:
+        why.append(ending_power_words(ev.gaps["ending"]))
+    why = "; ".join(why)
     return (
         f"INCONCLUSIVE: nothing in the {n_ep} checked episode(s) diverges, but this is not a pass: {why}, so the "
         f"check could not have seen {', '.join(dec.missing_power)} gaps. What would fix it: more held-out real "
@@ -1056,6 +1104,21 @@ def power_sentence(power: dict, alpha: float) -> str:
             else ""
         )
     )
+
+
+def ending_pass_sentence(g: GapEvidence) -> str:
+    """What a pass is worth on the ending row (its best case, endings.EndingPower); where the gate
+    does not require it, why it could not have fired."""
+    pw = getattr(g.detail, "power", None)
+    if pw is not None and pw.detectable:
+        sides = {"sooner": pw.sooner_p, "later": pw.later_p}
+        said = {"sooner": "all terminate", "later": "none terminate or all run on past expected ends"}
+        return (
+            f"The ending test would have caught {pw.judged} judged checked episodes that "
+            + " or that ".join(said[k] for k, p in sides.items() if p is not None)
+            + "."
+        )
+    return "Not covered by this pass (the gate does not require it): " + ending_power_words(g) + "."
 
 
 def pooled_description(ev: CheckEvidence) -> str:

@@ -117,7 +117,9 @@ def test_a_starved_model_makes_the_check_inconclusive(pendulum, check_trainer, t
 
 def test_a_check_too_small_to_see_a_gap_is_inconclusive(pendulum, tmp_path):
     """One checked episode (3 blocks): nothing diverges, but the power table for a check of 3 blocks
-    does not reach the target for every injected gap type, so the run cannot pass (rule R7)."""
+    does not reach the target for every injected gap type, so the run cannot pass (rule R7). Nor
+    could one episode that terminated have shown a simulator that ends where reality never does
+    (Fisher p 1 / (n_real + 1) at best): the ending is missing too, with its reason."""
     run, meta, tmp = pendulum
     eps = record_reality("Pendulum-v1", RealityProfile(), "hold:5", episodes=1, max_steps=200, seed=7000)
     write_log(tmp_path / "one.h5", eps, LogMeta(**{**meta.__dict__, "source": "sim"}))
@@ -126,9 +128,13 @@ def test_a_check_too_small_to_see_a_gap_is_inconclusive(pendulum, tmp_path):
     assert report["power"]["n_blocks"] == 3
     missing = report["summary"]["missing_power"]
     assert report["verdict"] == "inconclusive" and report["exit_code"] == 3, (report["summary"], power)
-    assert missing and all(power[g]["smallest_detected"] is None for g in missing), (missing, power)
+    table = [g for g in missing if g != "ending"]
+    assert table and all(power[g]["smallest_detected"] is None for g in table), (missing, power)
     assert all(power[g]["smallest_detected"] is not None for g in power if g not in missing)
-    assert "INCONCLUSIVE" in report["summary"]["message"] and ", ".join(missing) in report["summary"]["message"]
+    ending = report["gaps"]["ending"]["estimate"]["power"]
+    assert "ending" in missing and ending["blind"] == ["sooner"] and ending["later_p_value"] is None, ending
+    message = report["summary"]["message"]
+    assert "INCONCLUSIVE" in message and ", ".join(missing) in message and "had all 1 judged" in message
 
 
 def test_episodes_shorter_than_a_block_are_checked_with_a_shorter_horizon(check_trainer, tmp_path):

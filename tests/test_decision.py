@@ -694,3 +694,17 @@ def test_the_check_geometry_fits_the_held_out_episodes():
     assert cfg.fitted_to([16 + MIN_HORIZON - 1] * 5) == (cfg, None)  # no block fits: make_blocks says so
     assert cfg.fitted_to([16 + MIN_HORIZON] * 5)[0].horizon == MIN_HORIZON
     assert cfg.fitted_to([]) == (cfg, None)
+
+
+def test_a_pass_needs_the_ending_rows_power_where_it_is_required():
+    """R7 covers the ending row through its best case (endings.EndingPower, PowerEvidence.ending)."""
+    required = ALL_POWER + ("ending",)
+    blind = PowerEvidence({g: True for g in ALL_POWER}, True, 6, required, ending=False)
+    dec = decide(evidence(power=blind), LEVELS)
+    assert (dec.verdict, dec.exit_code, dec.missing_power) == ("inconclusive", 3, ("ending",))
+    seen = PowerEvidence({g: True for g in ALL_POWER}, True, 6, required, ending=True)
+    assert decide(evidence(power=seen), LEVELS).verdict == "pass"
+    partial = PowerEvidence({g: True for g in ALL_POWER}, True, 6, ALL_POWER, ending=False)
+    assert decide(evidence(power=partial), LEVELS).verdict == "pass"  # the gate left the ending out
+    unmeasured = PowerEvidence({}, True, 6, required, ending=True)
+    assert decide(evidence(power=unmeasured), LEVELS).missing_power == ALL_POWER
