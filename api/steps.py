@@ -107,6 +107,7 @@ def check(
     clip_model: PathLike | None = None,
     tensorboard: bool = True,
     command: str | None = None,
+    checked_policy: str = "auto",
 ):
     """Check simulator rollouts against the model in `run_dir` and return the `Report`.
 
@@ -116,7 +117,9 @@ def check(
     other than random / hold:K is also run closed loop in the model (the policy check), with
     `success` as its success rule. `gate` is a `Gate`, a gate file path or a mapping of its keys.
     With `out`, report.json, report.html and a TensorBoard run are written there (and the recorded
-    rollouts as rollouts.h5); without, nothing is kept."""
+    rollouts as rollouts.h5); without, nothing is kept. `checked_policy`: "logs" where the checked
+    commands come from the real logs' own controller, "other" where they come from another policy,
+    "auto" (default) to let the policy-shift test decide (approximate on a closed loop)."""
     from wmcheck.checks.check import run_check
     from wmcheck.checks.policy_check import PolicyRun, is_policy
     from wmcheck.checks.report_write import public_report, write_outputs
@@ -169,7 +172,14 @@ def check(
             if checking_policy:
                 policy_run = PolicyRun(env, policy, env_kwargs, success, outcomes, samples=policy_samples)
         report = run_check(
-            run_dir, rollouts, gate, command=command, seed=seed, policy=policy_run, clip_model=clip_model
+            run_dir,
+            rollouts,
+            gate,
+            command=command,
+            seed=seed,
+            policy=policy_run,
+            clip_model=clip_model,
+            checked_policy=checked_policy,
         )
         paths = write_outputs(report, out, tensorboard=tensorboard) if out is not None else {}
         # through JSON, so that the Report equals `load_report` of what was written

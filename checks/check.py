@@ -34,7 +34,7 @@ from wmcheck.checks.folds import FoldModels, deal
 from wmcheck.checks.gap_tests import GapContext, run_gap_tests
 from wmcheck.checks.model_log import read_log_for_model
 from wmcheck.checks.policy_check import EpisodeBlocks, PolicyRun, policy_section
-from wmcheck.checks.policy_match import PolicyShift, policy_pairs, policy_shift_test
+from wmcheck.checks.policy_match import DECLARATIONS, PolicyShift, policy_pairs, policy_shift_test
 from wmcheck.checks.power import cached_power_table
 from wmcheck.checks.regimes import find_regimes
 from wmcheck.checks.scoring import BlockScores, latent_features
@@ -108,10 +108,18 @@ def run_check(
     seed: int = 0,
     policy: PolicyRun | None = None,
     clip_model: str | Path | None = None,
+    checked_policy: str = "auto",
 ) -> dict:
     """Check the rollouts in `rollouts` against the model in `run_dir`; with `policy` (the policy and
     env that recorded them), also the closed-loop policy check; with `clip_model` (local CLIP
-    weights), also CLIP image-embedding distances for camera logs."""
+    weights), also CLIP image-embedding distances for camera logs; `checked_policy` (policy_match.
+    DECLARATIONS): whether the checked commands come from the real logs' policy ("logs"), from
+    another ("other"), or as the policy-shift test says ("auto")."""
+    if checked_policy not in DECLARATIONS:
+        raise UserError(
+            f"--checked-policy must be one of {', '.join(DECLARATIONS)}, got {checked_policy!r}",
+            "use logs (the checked commands come from the real logs' controller), other, or auto (the test decides)",
+        )
     t0 = time.perf_counter()
     run_dir, rollouts, gate = Path(run_dir), Path(rollouts), gate or Gate()
     inp = load_inputs(run_dir, rollouts)
@@ -159,7 +167,7 @@ def run_check(
     visual_row = _visual(model, run_dir, inp.checked, alpha, clip_model, gate.tolerances.visual)
     gaps = {**gt.gaps, "visual": _visual_evidence(visual_row), "ending": ending}
     dist = _distribution(inp, comp, gate, alpha, rng)
-    policy_shift = _policy_shift(inp, alpha, seed)
+    policy_shift = _policy_shift(inp, alpha, seed, checked_policy)
     pol = None
     if policy is not None:
         pol = policy_section(
@@ -406,14 +414,19 @@ def _distribution(inp: CheckInputs, comp: Competence, gate: Gate, alpha: float, 
     )
 
 
-def _policy_shift(inp: CheckInputs, alpha: float, seed: int) -> PolicyShift | None:
+def _policy_shift(inp: CheckInputs, alpha: float, seed: int, declared: str = "auto") -> PolicyShift | None:
     """Whether the checked commands follow the held-out real episodes' policy (policy_match.py), on
-    its own random stream (it does not move the other tests' draws); None without command channels.
-    Every calibration this wmcheck reads (version 8 on) stores the real pairs of a model with commands."""
+    its own random stream (it does not move the other tests' draws), with the team's declaration;
+    None without command channels. Every calibration this wmcheck reads (version 8 on) stores the
+    real pairs of a model with commands."""
     if inp.norm.dim("action") == 0:
         return None
     return policy_shift_test(
-        policy_pairs(inp.episodes, inp.norm), inp.cal.real_policy, alpha, np.random.default_rng([seed, 4])
+        policy_pairs(inp.episodes, inp.norm),
+        inp.cal.real_policy,
+        alpha,
+        np.random.default_rng([seed, 4]),
+        declared=declared,
     )
 
 

@@ -687,9 +687,27 @@ def distribution_row(d: DistributionEvidence, verdict: str, policy: PolicyShift 
 
 
 def policy_sentence(p: PolicyShift) -> str:
-    """What the policy-shift test (policy_match.py) found, in words."""
+    """What the policy-shift test (policy_match.py) found, in words, or what the team declared."""
+    if p.declared != "auto":
+        said = "another policy than the real logs'" if p.declared == "other" else "the real logs' own policy"
+        tested = (
+            f"the policy-shift test, for information: p = {p.p_value:.3g}, {p.effect:.2f} command std apart"
+            if p.testable
+            else f"the policy-shift test did not run ({p.reason})"
+        )
+        return (
+            f"the team declares that the checked commands follow {said} (--checked-policy {p.declared}); {tested}"
+            + ("; latency and actuator findings are confounded with the policy" if p.shifted else "")
+        )
     if not p.testable:
         return f"whether the checked commands follow the real logs' policy was not tested ({p.reason})"
+    caveat = (
+        "; the real commands depend on the states (a closed loop), where this test is approximate: it can "
+        "reject a simulator that differs under the logs' own controller and miss another controller; "
+        "--checked-policy logs or other says which one chose the checked commands"
+        if p.closed_loop
+        else ""
+    )
     parts = (
         ""
         if math.isnan(p.joint_p)
@@ -701,10 +719,11 @@ def policy_sentence(p: PolicyShift) -> str:
             f"the checked commands follow another policy than the real logs' (given the same state, inputs and "
             f"previous command they differ by {p.effect:.2f} command std; episode permutation test p = {p.p_value:.3g}"
             f"{parts}): latency and actuator findings are confounded with the policy (closed-loop identification)"
+            f"{caveat}"
         )
     return (
         f"the checked commands are consistent with the real logs' policy (given the same state, inputs and previous "
-        f"command: {p.effect:.2f} command std apart, p = {p.p_value:.3g}{parts})"
+        f"command: {p.effect:.2f} command std apart, p = {p.p_value:.3g}{parts}){caveat}"
     )
 
 

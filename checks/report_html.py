@@ -492,7 +492,9 @@ def _estimate_text(gap: str, row: dict) -> str:
         f"{'differ' if row['verdict'] == 'present' else 'alike'} (MMD p {_fmt(est.get('p_value'))})"
     )
     ps = est.get("policy_shift")
-    if ps and ps.get("testable"):
+    if ps and ps.get("declared", "auto") != "auto":
+        text += f"; commands: {'another policy than the logs' if ps['shifted'] else 'the logs'}' (declared)"
+    elif ps and ps.get("testable"):
         text += (
             f"; commands: {'another policy than the logs' if ps['shifted'] else 'the logs'}' (p {_fmt(ps['p_value'])})"
         )

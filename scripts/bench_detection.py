@@ -162,7 +162,11 @@ def _baselines(run_dir: Path, log_path: Path):
     return _BASELINE_CACHE[key]
 
 
-def run_one(job: CheckJob, spec: SystemSpec, run_dir: Path, log_path: Path, work: Path, threads: int) -> dict:
+def run_one(
+    job: CheckJob, spec: SystemSpec, run_dir: Path, log_path: Path, work: Path, threads: int, declare: bool = False
+) -> dict:
+    """One check; `declare`: tell it which policy chose the checked commands (--checked-policy logs
+    where the job runs the logs' policy, other elsewhere) instead of letting the policy-shift test say."""
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     path = work / "checked" / f"{job.name}.h5"
@@ -191,9 +195,10 @@ def run_one(job: CheckJob, spec: SystemSpec, run_dir: Path, log_path: Path, work
         baselines = {k: {"p": r.p_value, "score": r.score, "flagged": bool(r.p_value < alpha)} for k, r in base.items()}
     else:  # no episode holds a block: the baselines, like the check, have nothing to test
         baselines = {k: {"p": None, "score": None, "flagged": False} for k in BASELINES}
-    out = {**dataclasses.asdict(job), "baselines": baselines}
+    checked_policy = ("logs" if job.policy == spec.policy else "other") if declare else "auto"
+    out = {**dataclasses.asdict(job), "baselines": baselines, "checked_policy": checked_policy}
     try:
-        report = run_check(run_dir, path, seed=job.seed)
+        report = run_check(run_dir, path, seed=job.seed, checked_policy=checked_policy)
     except UserError as exc:  # e.g. episodes shorter than a block: no verdict at all
         out.update(
             verdict="error",
@@ -770,12 +775,12 @@ def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
         import multiprocessing as mp
 
         with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as pool:
-            futs = [pool.submit(run_one, j, spec, run_dir, log_path, work, 1) for j in jobs]
+            futs = [pool.submit(run_one, j, spec, run_dir, log_path, work, 1, args.declare_policy) for j in jobs]
             for f in futs:
                 done(f.result())
     else:
         for j in jobs:
-            done(run_one(j, spec, run_dir, log_path, work, args.threads))
+            done(run_one(j, spec, run_dir, log_path, work, args.threads, args.declare_policy))
     t_checks = time.perf_counter() - t3
     order = {j.name: i for i, j in enumerate(jobs)}
     results.sort(key=lambda r: order[r["name"]])
@@ -912,6 +917,12 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="draw the real logs, the model and the checked rollouts this many times (seeds shifted by "
         f"{REPLICATE_SEED:,} each) and pool the checks: false-alarm rates over calibrations, not one (default 1)",
+    )
+    p.add_argument(
+        "--declare-policy",
+        action="store_true",
+        help="tell every check which policy chose its commands (`--checked-policy logs` for the logs' policy, "
+        "other elsewhere) instead of letting the policy-shift test decide",
     )
     p.add_argument("--out", default="bench-results")
     args = p.parse_args(argv)

@@ -77,6 +77,14 @@ def register(sub) -> None:
     p.add_argument(
         "--allow-unverifiable", action="store_true", help="exit 0 when the only problem is unverifiable episodes"
     )
+    p.add_argument(
+        "--checked-policy",
+        choices=("auto", "logs", "other"),
+        default="auto",
+        help="which policy chose the checked commands: logs (the real logs' own controller), other (another "
+        "policy: gap rows the policy moves and divergence are then unverifiable, not failed), or auto (default: "
+        "the policy-shift test decides; it is approximate where the real commands depend on the states)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the latent draws and resampling (default 0)")
     p.add_argument("--no-tensorboard", action="store_true", help="skip the TensorBoard run of the check")
     p.add_argument(
@@ -114,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         policy_samples=args.policy_samples,
         clip_model=args.clip_model,
+        checked_policy=args.checked_policy,
         tensorboard=not args.no_tensorboard,
         command="wmcheck " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )

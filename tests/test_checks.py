@@ -115,6 +115,25 @@ def test_a_starved_model_makes_the_check_inconclusive(pendulum, check_trainer, t
     assert report["provenance"]["model_quality"]["competent"] is False
 
 
+def test_the_checked_policy_the_team_declares_reaches_the_decision_and_the_report(pendulum, tmp_path):
+    """`wmcheck check --checked-policy other`: the decision treats the checked commands as another
+    policy's whatever the policy-shift test says, and the report says who said so."""
+    from wmcheck.scripts.cli import main
+
+    run, meta, tmp = pendulum
+    sim = _sim(tmp, meta, "faithful_declared", RealityProfile(), seed=5200)
+    out = tmp_path / "declared"
+    main(
+        ["check", str(run), "--rollouts", str(sim), "--out", str(out), "--no-tensorboard", "--checked-policy", "other"]
+    )
+    report = json.loads((out / "report.json").read_text())
+    shift = report["gaps"]["distribution"]["estimate"]["policy_shift"]
+    assert shift["declared"] == "other" and shift["shifted"] and not shift["test_rejects"], shift
+    assert "--checked-policy other" in report["gaps"]["distribution"]["explanation"]
+    with pytest.raises(UserError, match="--checked-policy"):
+        run_check(run, sim, checked_policy="the logs")
+
+
 def test_a_check_too_small_to_see_a_gap_is_inconclusive(pendulum, tmp_path):
     """One checked episode (3 blocks): nothing diverges, but the power table for a check of 3 blocks
     does not reach the target for every injected gap type, so the run cannot pass (rule R7). Nor

@@ -708,3 +708,18 @@ def test_a_pass_needs_the_ending_rows_power_where_it_is_required():
     assert decide(evidence(power=partial), LEVELS).verdict == "pass"  # the gate left the ending out
     unmeasured = PowerEvidence({}, True, 6, required, ending=True)
     assert decide(evidence(power=unmeasured), LEVELS).missing_power == ALL_POWER
+
+
+def test_the_teams_policy_declaration_overrides_the_policy_shift_test():
+    """R4b / R4c read PolicyShift.shifted, which follows `--checked-policy` over the test: a
+    latency finding under the declared logs' controller fails even where the (approximate,
+    closed-loop) test rejects; under a declared other policy it is unverifiable where it does not."""
+    logs = evidence(fire=("latency",), divergent=1)
+    logs.policy_shift = PolicyShift(p_value=0.001, effect=1.0, checked_episodes=8, real_episodes=12, declared="logs")
+    dec = decide(logs, LEVELS)
+    assert dec.verdict == "fail" and "latency" in dec.failing and not dec.policy_confounded
+    other = evidence(fire=("latency",), divergent=1)
+    other.policy_shift = PolicyShift(p_value=0.6, effect=0.1, checked_episodes=8, real_episodes=12, declared="other")
+    dec = decide(other, LEVELS)
+    assert dec.verdict == "unverifiable" and dec.policy_confounded == ("latency",)
+    assert dec.divergence_confounded == ("episodes",)

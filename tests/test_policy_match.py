@@ -221,3 +221,34 @@ def test_no_commands_no_test():
     e = Episode(np.zeros((11, 2), np.float32), np.zeros((10, 0), np.float32))
     assert policy_pairs([e], Normalizer.fit([e])) is None
     assert not policy_shift_test(None, None, 0.05, np.random.default_rng(0)).testable
+
+
+def test_the_teams_declaration_decides_and_the_test_is_kept_for_information(norm):
+    """`--checked-policy`: on a closed loop the test is approximate (module docstring), so a team
+    that knows which controller chose the checked commands says so, and `shifted` follows it; the
+    test's own outcome stays in `rejects` and in the report's sentence."""
+    from wmcheck.checks.report_build import policy_sentence
+
+    real_pd = policy_pairs(group(1, 12, "pd"), norm)
+    hold = policy_pairs(group(2, 8, "hold"), norm)
+    auto = policy_shift_test(hold, real_pd, 0.05, np.random.default_rng(0))
+    assert auto.closed_loop and auto.rejects and auto.shifted  # held random commands against a PD loop
+    assert "a closed loop" in policy_sentence(auto)
+    logs = policy_shift_test(hold, real_pd, 0.05, np.random.default_rng(0), declared="logs")
+    assert logs.rejects and not logs.shifted and logs.p_value == auto.p_value
+    words = policy_sentence(logs)
+    assert "--checked-policy logs" in words and f"p = {auto.p_value:.3g}" in words and "confounded" not in words
+    real_hold = policy_pairs(group(3, 12, "hold"), norm)
+    other = policy_shift_test(
+        policy_pairs(group(4, 8, "hold"), norm), real_hold, 0.05, np.random.default_rng(0), declared="other"
+    )
+    assert not other.closed_loop and not other.rejects and other.shifted
+    assert other.to_dict()["declared"] == "other" and "confounded with the policy" in policy_sentence(other)
+    few = policy_shift_test(
+        policy_pairs(group(5, 1, "hold"), norm),
+        policy_pairs(group(6, 2, "hold"), norm),
+        0.05,
+        np.random.default_rng(0),
+        declared="other",
+    )
+    assert not few.testable and few.shifted and "did not run" in policy_sentence(few)
