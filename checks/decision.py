@@ -42,7 +42,8 @@ Run
       unverifiable, not failed.
   R4b gap rows run through the model (latency, actuator, sensor_noise, dynamics) present while the
       checked commands follow another policy than the real logs' (policy_match.py: as the team
-      declares it with --checked-policy, else as the policy-shift test says) are confounded
+      declares it with --checked-policy; undeclared, where the policy-shift test rejects, or where
+      the real commands depend on the states, a closed loop on which the test cannot tell) are confounded
       with the policy: the corrections' score tests compare with real blocks whose commands relate
       to the state in another way, and under a closed-loop controller the model's own small errors
       move those scores as a gap does (the closed-loop identification problem); the residual tests

@@ -72,9 +72,13 @@ under the same controller. On the double pendulum under its engineers' LQR (docs
 twenty-eighth session) the test rejected 26 of 30 gapped simulators under the logs' own
 controller, and 7 of 22 faithful ones under two other LQRs. More history in the conditions (o_{t-1},
 u_{t-2}), a squared-residual target, linear terms only and the real conditions' support were tried
-there; none made it valid and powerful at once. So the team can say it: `declared` ("logs": the
+there; none made it valid and powerful at once. So the team says it: `declared` ("logs": the
 checked commands come from the logs' controller; "other": from another policy), which the decision
 follows instead of the test (`--checked-policy`); the report keeps the test's p for information.
+Undeclared, a closed loop is taken as another policy whatever the test says (`undetermined` where
+it does not reject): a finding the policy moves is then `unverifiable`, never a fail that a faithful
+simulator under another controller would give (2 of 6 did on the double pendulum), and the report
+says that declaring `logs` gives the check its power.
 """
 
 from __future__ import annotations
@@ -163,10 +167,17 @@ class PolicyShift:
         return self.testable and not math.isnan(self.p_value) and self.p_value < self.alpha
 
     @property
+    def undetermined(self) -> bool:
+        """Undeclared, on a closed loop, and the test does not reject: on such a loop it cannot tell
+        another controller from a simulator that differs under the logs' own (module docstring), so
+        nothing says that the checked commands are the logs' policy's."""
+        return self.declared == "auto" and self.closed_loop and not self.rejects
+
+    @property
     def shifted(self) -> bool:
-        """The checked commands follow another policy than the real logs': as the team declared it,
-        else as the test says (module docstring: on a closed loop the test is approximate)."""
-        return {"logs": False, "other": True}.get(self.declared, self.rejects)
+        """The decision takes the checked commands as another policy's than the real logs': as the
+        team declared it; undeclared, where the test rejects or cannot tell (`undetermined`)."""
+        return {"logs": False, "other": True}.get(self.declared, self.rejects or self.closed_loop)
 
     def to_dict(self) -> dict:
         return {
@@ -182,6 +193,7 @@ class PolicyShift:
             "conditional_p": self.conditional_p,
             "joint_p": self.joint_p,
             "test_rejects": self.rejects,
+            "undetermined": self.undetermined,
             "closed_loop": self.closed_loop,
             "declared": self.declared,
         }
@@ -203,7 +215,12 @@ def _targets(pairs: PolicyPairs) -> np.ndarray:
     return np.concatenate([pairs.commands, pairs.commands**2], 1)  # (N, 2A): level and amplitude
 
 
-def uses_observations(real: PolicyPairs, rng: np.random.Generator, folds: int = 4, features: int = FEATURES) -> bool:
+LOOP_FOLDS = 4  # folds of `uses_observations`; with fewer real episodes it cannot tell a closed loop
+
+
+def uses_observations(
+    real: PolicyPairs, rng: np.random.Generator, folds: int = LOOP_FOLDS, features: int = FEATURES
+) -> bool:
     """Whether the real logs' commands depend on what the policy observes beyond its previous command:
     episode-blocked cross-validation of the conditional means with all conditions against the
     previous command alone, with the one-standard-error rule (the simpler model unless the full one
@@ -266,9 +283,8 @@ def policy_shift_test(
     c_ids, c_owner = np.unique(checked.episode, return_inverse=True)
     r_ids, r_owner = np.unique(real.episode, return_inverse=True)
     n_c, n_r = len(c_ids), len(r_ids)
-    out = PolicyShift(
-        alpha=alpha, checked_episodes=n_c, real_episodes=n_r, closed_loop=not open_loop, declared=declared
-    )
+    closed_loop = not open_loop and n_r >= LOOP_FOLDS  # fewer: a closed loop is assumed to condition on, not known
+    out = PolicyShift(alpha=alpha, checked_episodes=n_c, real_episodes=n_r, closed_loop=closed_loop, declared=declared)
     if math.comb(n_c + n_r, n_c) < 1.0 / alpha:  # no split of so few episodes can reach alpha
         out.testable, out.reason = False, f"{n_c} checked and {n_r} real episodes are too few to reach p < {alpha:g}"
         return out

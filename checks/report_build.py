@@ -702,9 +702,10 @@ def policy_sentence(p: PolicyShift) -> str:
     if not p.testable:
         return f"whether the checked commands follow the real logs' policy was not tested ({p.reason})"
     caveat = (
-        "; the real commands depend on the states (a closed loop), where this test is approximate: it can "
-        "reject a simulator that differs under the logs' own controller and miss another controller; "
-        "--checked-policy logs or other says which one chose the checked commands"
+        "; the real commands depend on the states (a closed loop), where this test cannot tell another "
+        "controller from a simulator that differs under the logs' own, so the check takes the checked commands "
+        "as another policy's: --checked-policy logs (the simulator ran the logs' controller) gives it its power, "
+        "--checked-policy other confirms"
         if p.closed_loop
         else ""
     )
@@ -714,7 +715,12 @@ def policy_sentence(p: PolicyShift) -> str:
         else f"; conditional test p = {p.conditional_p:.3g}, law of successive commands p = {p.joint_p:.3g}, "
         "twice the smaller"
     )
-    if p.shifted:
+    if p.undetermined:
+        return (
+            f"the policy-shift test does not tell the checked commands from the real logs' policy (given the same "
+            f"state, inputs and previous command: {p.effect:.2f} command std apart, p = {p.p_value:.3g}{parts}){caveat}"
+        )
+    if p.rejects:
         return (
             f"the checked commands follow another policy than the real logs' (given the same state, inputs and "
             f"previous command they differ by {p.effect:.2f} command std; episode permutation test p = {p.p_value:.3g}"
@@ -724,6 +730,27 @@ def policy_sentence(p: PolicyShift) -> str:
     return (
         f"the checked commands are consistent with the real logs' policy (given the same state, inputs and previous "
         f"command: {p.effect:.2f} command std apart, p = {p.p_value:.3g}{parts}){caveat}"
+    )
+
+
+def policy_clause(p: PolicyShift | None) -> str:
+    """Why the decision takes the checked commands as another policy's (R4b, R4c), as a clause."""
+    if p is not None and p.undetermined:
+        return (
+            "whether the checked commands follow the real logs' policy cannot be told (the real commands depend on "
+            "the states, and on such a closed loop the policy-shift test cannot tell another controller from a "
+            "simulator that differs under the logs' own)"
+        )
+    return "the checked commands follow another policy than the real logs'"
+
+
+def undetermined_advice(p: PolicyShift | None) -> str:
+    """What to do where the policy could not be told (`PolicyShift.undetermined`)."""
+    if p is None or not p.undetermined:
+        return ""
+    return (
+        " If the simulator ran the real logs' own controller, say so with --checked-policy logs: the check then "
+        "judges these findings."
     )
 
 
@@ -755,7 +782,7 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
     for g in dec.policy_confounded:  # R4b
         rows[g]["confounded_with_policy"] = True
         rows[g]["explanation"] += (
-            "; not failing: the checked commands follow another policy than the real logs', and under another "
+            f"; not failing: {policy_clause(ev.policy_shift)}, and under another "
             "closed-loop policy the model's own errors move this test as a gap would"
         )
     for g in DYNAMICS_GAPS:  # T1: a finding that the named gap gives as well (GapEvidence.explained_by)
@@ -864,21 +891,21 @@ def message(
             )
             parts.append(
                 ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded) else "")
-                + f"{found}, but the checked commands follow another policy than the real logs': the divergence "
+                + f"{found}, but {policy_clause(ev.policy_shift)}: the divergence "
                 "thresholds come from real episodes of the logs' policy, and the model's open-loop error depends on "
                 "the commands and the states it is given as well as on the simulator; "
                 "this is not a pass: to judge the simulator's dynamics, also check it under the logs' policy, or "
-                "replaying the logged commands."
+                "replaying the logged commands." + undetermined_advice(ev.policy_shift)
             )
         if dec.policy_confounded:
             parts.append(
                 ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded or dec.divergence_confounded) else "")
-                + f"the gap tests find {', '.join(dec.policy_confounded)}, but the checked commands follow another "
-                "policy than the real logs', and their thresholds come from real episodes of the logs' policy: under "
+                + f"the gap tests find {', '.join(dec.policy_confounded)}, but {policy_clause(ev.policy_shift)}, "
+                "and their thresholds come from real episodes of the logs' policy: under "
                 "another policy the model's own small errors correlate with the commands as a delay or a gain would, "
                 "and its residuals grow or shrink with how the commands excite the system; this is not a pass: to "
                 f"judge {', '.join(dec.policy_confounded)}, also check the simulator under the logs' policy, or "
-                "replaying the logged commands."
+                "replaying the logged commands." + undetermined_advice(ev.policy_shift)
             )
     elif dec.verdict == "inconclusive":
         parts.append(inconclusive_sentence(dec, ev, power))

@@ -723,3 +723,7 @@ def test_the_teams_policy_declaration_overrides_the_policy_shift_test():
     dec = decide(other, LEVELS)
     assert dec.verdict == "unverifiable" and dec.policy_confounded == ("latency",)
     assert dec.divergence_confounded == ("episodes",)
+    closed = evidence(fire=("latency",))
+    closed.policy_shift = PolicyShift(p_value=0.6, effect=0.1, checked_episodes=8, real_episodes=12, closed_loop=True)
+    dec = decide(closed, LEVELS)  # undeclared on a closed loop: the test cannot tell, so no fail
+    assert closed.policy_shift.undetermined and dec.verdict == "unverifiable" and dec.policy_confounded == ("latency",)

@@ -233,7 +233,12 @@ def test_the_teams_declaration_decides_and_the_test_is_kept_for_information(norm
     hold = policy_pairs(group(2, 8, "hold"), norm)
     auto = policy_shift_test(hold, real_pd, 0.05, np.random.default_rng(0))
     assert auto.closed_loop and auto.rejects and auto.shifted  # held random commands against a PD loop
-    assert "a closed loop" in policy_sentence(auto)
+    assert "a closed loop" in policy_sentence(auto) and not auto.undetermined
+    # the logs' own PD loop: the test does not reject, but on a closed loop it cannot tell (module
+    # docstring), so undeclared the commands are taken as another policy's
+    same = policy_shift_test(policy_pairs(group(7, 8, "pd"), norm), real_pd, 0.05, np.random.default_rng(0))
+    assert same.closed_loop and not same.rejects and same.undetermined and same.shifted
+    assert "does not tell" in policy_sentence(same) and "--checked-policy logs" in policy_sentence(same)
     logs = policy_shift_test(hold, real_pd, 0.05, np.random.default_rng(0), declared="logs")
     assert logs.rejects and not logs.shifted and logs.p_value == auto.p_value
     words = policy_sentence(logs)
