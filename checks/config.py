@@ -24,10 +24,10 @@ POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
 simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "ending", "distribution")
 POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias", "obs_scale", "smoothing")
-POWERED_GAPS = POWER_GAPS + (
-    "ending",
-)  # what a pass needs power on: the power table's types, the ending row's best case
 """The gap types the power table injects (power.POWER_SIZES), which a pass needs power on."""
+POWERED_GAPS = POWER_GAPS + ("ending",)
+"""What a pass needs power on: the power table's types, and the ending row's best case in the check
+(endings.EndingPower); the names `require_power` accepts."""
 MIN_HORIZON = 8
 """The fewest imagined steps a block may have (CheckConfig.fitted_to), and the horizon of the
 corrections' objective, whose 8-step windows tile each block (sysid.ATTRIBUTION_HORIZON)."""

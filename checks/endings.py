@@ -136,10 +136,12 @@ class EndingPower:
     never (fewer terminate, or they run on past expected ends)."""
 
     sooner_p: float | None  # the count test with every judged checked episode terminating (None: every real one does)
-    later_p: float | None  # the smaller of the count test with none terminating and the run-on test's best case
+    later_p: float | None  # the count test with none terminating, or where it judges none, the run-on test's best
+    # case (None: no real episode terminates)
     level: float  # the row's level
     judged: int  # checked episodes the count test judges (ending inside the real logs' range)
     episodes_needed: int | None  # judged episodes at which both count directions reach the level (None: none do)
+    run_on_checked: int = 0  # where the run-on test decides: the checked episodes with an expected end
 
     @property
     def blind(self) -> tuple[str, ...]:
@@ -307,18 +309,20 @@ MAX_EPISODES_NEEDED = 1 << 14  # beyond this many checked episodes the fix is mo
 
 def ending_power(judged: int, real: dict, level: float, run: RunOn | None) -> EndingPower:
     """The ending row's best case (`EndingPower`) for `judged` checked episodes the count test judges,
-    against the real counts calibration stores, and the run-on test as this check has it (its best
-    case: every checked episode with an expected end runs on longer than every held-out real one)."""
+    against the real counts calibration stores. Where the count test judges none, the run-on test
+    decides the row (`ending_evidence`), and its best case counts for the later direction: every
+    checked episode with an expected end runs on longer than every held-out real one; elsewhere
+    it does not decide, so it gives the row no power."""
     t, n_real = int(real["terminated"]), int(real["episodes"])
-    sooner = fisher_exact_p(judged, judged, t, n_real) if t < n_real else None
-    later = None
+    sooner = fisher_exact_p(judged, judged, t, n_real) if t < n_real else None  # 1.0 where none is judged
+    later, k = None, 0
     if t > 0:
         later = fisher_exact_p(0, judged, t, n_real)
-        if run is not None and run.checked:
+        if not judged and run is not None and run.checked:
             k, theirs = len(run.checked), np.asarray(run.real, float)
             longest = theirs.max() + 1 + np.arange(k, dtype=float)  # (k,) every one beyond every real episode
-            later = min(later, mann_whitney_greater(longest, theirs))
-    return EndingPower(sooner, later, level, judged, _episodes_needed(t, n_real, level))
+            later = mann_whitney_greater(longest, theirs)
+    return EndingPower(sooner, later, level, judged, _episodes_needed(t, n_real, level), k)
 
 
 def _episodes_needed(t: int, n_real: int, level: float) -> int | None:

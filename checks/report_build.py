@@ -602,25 +602,45 @@ def ending_power_words(g: GapEvidence) -> str:
         return f"the ending test could not run ({g.reason})"
     d = g.detail
     real = f"{d.real_terminated} of {d.real_episodes} real episodes terminate"
-    judged = f"{pw.judged} judged checked episodes (those ending inside the real logs' range)"
-    ways = {
-        "sooner": f"had all {judged} terminated (p = {pw.sooner_p:.3g})",
-        "later": f"had none of the {judged} terminated, or every checked episode that reaches an expected end "
-        f"run on longer than every held-out real one (p = {pw.later_p:.3g})"
-        if pw.later_p is not None
-        else "",
-    }
+    where = "(ending inside the real logs' range)"
+    ways = []
+    for side in pw.blind:  # a blind side has a p (EndingPower.blind)
+        p = pw.sooner_p if side == "sooner" else pw.later_p
+        if not pw.judged and (side == "sooner" or not pw.run_on_checked):
+            what = (
+                "the count test judges no episode" if side == "sooner" else "no checked episode reaches an expected end"
+            )
+            ways.append(f"in the {side} direction: {what}")
+        elif side == "sooner":
+            ways.append(f"had {_all(pw.judged, 'judged checked episode')} {where} terminated (p = {p:.3g})")
+        elif pw.judged:
+            ways.append(f"had none of the {_n(pw.judged, 'judged checked episode')} {where} terminated (p = {p:.3g})")
+        else:
+            ways.append(
+                f"had {_all(pw.run_on_checked, 'checked episode')} with an expected end run on longer than "
+                f"every held-out real one (p = {p:.3g})"
+            )
     need = (
         f"about {pw.episodes_needed} checked episodes ending inside the real logs' range would give the count test "
         "power both ways"
         if pw.episodes_needed is not None
-        else "no number of checked episodes would against so few real ones: more real episodes would"
+        else "no number of checked episodes would against these real counts: more real episodes would"
     )
     return (
         f"the ending test could not have reached its level ({pw.level:.3g}) even "
-        + " or ".join(ways[side] for side in pw.blind)
+        + " or ".join(ways)
         + f" ({real}); {need}"
     )
+
+
+def _n(k: int, noun: str) -> str:
+    """ "1 episode", "3 episodes"."""
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
+def _all(k: int, noun: str) -> str:
+    """ "the 1 episode", "all 3 episodes"."""
+    return ("the " if k == 1 else "all ") + _n(k, noun)
 
 
 def run_on_words(r) -> str:
@@ -699,8 +719,6 @@ def policy_sentence(p: PolicyShift) -> str:
             f"the team declares that the checked commands follow {said} (--checked-policy {p.declared}); {tested}"
             + ("; latency and actuator findings are confounded with the policy" if p.shifted else "")
         )
-    if not p.testable:
-        return f"whether the checked commands follow the real logs' policy was not tested ({p.reason})"
     caveat = (
         "; the real commands depend on the states (a closed loop), where this test cannot tell another "
         "controller from a simulator that differs under the logs' own, so the check takes the checked commands "
@@ -709,6 +727,8 @@ def policy_sentence(p: PolicyShift) -> str:
         if p.closed_loop
         else ""
     )
+    if not p.testable:
+        return f"whether the checked commands follow the real logs' policy was not tested ({p.reason}){caveat}"
     parts = (
         ""
         if math.isnan(p.joint_p)
@@ -1157,13 +1177,16 @@ def ending_pass_sentence(g: GapEvidence) -> str:
     does not require it, why it could not have fired."""
     pw = getattr(g.detail, "power", None)
     if pw is not None and pw.detectable:
-        sides = {"sooner": pw.sooner_p, "later": pw.later_p}
-        said = {"sooner": "all terminate", "later": "none terminate or all run on past expected ends"}
-        return (
-            f"The ending test would have caught {pw.judged} judged checked episodes that "
-            + " or that ".join(said[k] for k, p in sides.items() if p is not None)
-            + "."
-        )
+        said = []
+        if pw.sooner_p is not None:
+            said.append(f"{_all(pw.judged, 'judged checked episode')} terminating")
+        if pw.later_p is not None and pw.judged:
+            said.append("none of them terminating")
+        elif pw.later_p is not None:
+            said.append(
+                f"{_all(pw.run_on_checked, 'checked episode')} with an expected end running on longer than the real ones"
+            )
+        return "The ending test would have caught " + " or ".join(said) + "."
     return "Not covered by this pass (the gate does not require it): " + ending_power_words(g) + "."
 
 

@@ -494,6 +494,8 @@ def _estimate_text(gap: str, row: dict) -> str:
     ps = est.get("policy_shift")
     if ps and ps.get("declared", "auto") != "auto":
         text += f"; commands: {'another policy than the logs' if ps['shifted'] else 'the logs'}' (declared)"
+    elif ps and ps.get("undetermined"):
+        text += f"; commands: undetermined on a closed loop, taken as another policy's (p {_fmt(ps['p_value'])})"
     elif ps and ps.get("testable"):
         text += (
             f"; commands: {'another policy than the logs' if ps['shifted'] else 'the logs'}' (p {_fmt(ps['p_value'])})"

@@ -153,7 +153,7 @@ def test_a_check_too_small_to_see_a_gap_is_inconclusive(pendulum, tmp_path):
     ending = report["gaps"]["ending"]["estimate"]["power"]
     assert "ending" in missing and ending["blind"] == ["sooner"] and ending["later_p_value"] is None, ending
     message = report["summary"]["message"]
-    assert "INCONCLUSIVE" in message and ", ".join(missing) in message and "had all 1 judged" in message
+    assert "INCONCLUSIVE" in message and ", ".join(missing) in message and "had the 1 judged" in message
 
 
 def test_episodes_shorter_than_a_block_are_checked_with_a_shorter_horizon(check_trainer, tmp_path):

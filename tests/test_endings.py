@@ -317,37 +317,49 @@ def _no_blocks():
 def test_ending_power_names_the_direction_no_outcome_of_the_check_could_show():
     """16 of 40 real episodes fall. Against them 8 checked episodes that all fall would be seen
     (Fisher p 0.0039 < 0.005), 8 that never fall would not (p 0.039): a simulator without the
-    fall could pass unseen, unless the run-on test has episodes to judge. Its best case counts the
-    checked episodes that reach an expected end: 6 beyond all 8 real ones give p ~ 0.0002, 1 gives
-    0.11. The fewest judged episodes that give the count test power both ways is minimal."""
+    fall could pass unseen. The run-on test does not help where the count test judges episodes
+    (it does not decide the row there); where it judges none (every episode runs on outside the
+    logs' range), the run-on test decides, and its best case counts the checked episodes with an
+    expected end: 6 beyond all 8 real ones give p ~ 0.0002, 1 gives 0.11. The fewest judged
+    episodes that give the count test power both ways is minimal."""
     from wmcheck.checks.endings import _episodes_needed
     from wmcheck.checks.report_build import ending_pass_sentence, ending_power_words
 
     real, level, box = _real_with_early_heads(), 0.005, (np.array([-1.0]), np.array([1.0]))
     runs = [_ep(i, 200, False) for i in range(8)]
-    none_reach = ending_evidence(runs, real, level, box, {i: _profile(200) for i in range(8)})
-    pw = none_reach.detail.power
-    assert pw.sooner_p == pytest.approx(fisher_exact_p(8, 8, 16, 40)) and pw.sooner_p < level
-    assert pw.later_p == pytest.approx(fisher_exact_p(0, 8, 16, 40)) and pw.later_p >= level
-    assert pw.blind == ("later",) and not pw.detectable and not none_reach.fires
+    six = {i: _profile(200, expected_from=199) if i < 6 else _profile(200) for i in range(8)}
+    for profiles in ({i: _profile(200) for i in range(8)}, six):
+        ev = ending_evidence(runs, real, level, box, profiles)
+        pw = ev.detail.power
+        assert pw.sooner_p == pytest.approx(fisher_exact_p(8, 8, 16, 40)) and pw.sooner_p < level
+        assert pw.later_p == pytest.approx(fisher_exact_p(0, 8, 16, 40)) and pw.later_p >= level
+        assert pw.blind == ("later",) and not pw.detectable and not ev.fires
     n = pw.episodes_needed
     assert max(fisher_exact_p(n, n, 16, 40), fisher_exact_p(0, n, 16, 40)) < level
     assert max(fisher_exact_p(n - 1, n - 1, 16, 40), fisher_exact_p(0, n - 1, 16, 40)) >= level
     assert n == _episodes_needed(16, 40, level) == 14
-    words = ending_power_words(none_reach)
-    assert (
-        "had none of the 8 judged checked episodes" in words
-        and "about 14 checked episodes" in words
-        and "0.0394" in words
-    )
+    words = ending_power_words(ev)
+    assert "had none of the 8 judged checked episodes" in words and "about 14 checked episodes" in words
+    assert "0.0394" in words and "run on" not in words
 
-    six = {i: _profile(200, expected_from=199) if i < 6 else _profile(200) for i in range(8)}
-    reach = ending_evidence(runs, real, level, box, six)
-    assert len(reach.detail.run_on.checked) == 6 and not reach.fires  # 1 step on: as real falls do
-    assert reach.detail.power.later_p < 1e-3 and reach.detail.power.detectable
-    assert "all terminate or that none terminate" in ending_pass_sentence(reach)
+    away = [_ep(i, 200, False, last=5.0) for i in range(8)]  # every one ends outside the logs' range
+    reach = ending_evidence(away, real, level, box, six)
+    pw = reach.detail.power
+    assert pw.judged == 0 and pw.run_on_checked == 6 and reach.detail.run_on.checked == [1] * 6
+    assert pw.later_p < 1e-3 and pw.blind == ("sooner",) and not reach.fires  # 1 step on: as real falls do
+    assert "the count test judges no episode" in ending_power_words(reach)
     one = {i: _profile(200, expected_from=199) if i < 1 else _profile(200) for i in range(8)}
-    assert ending_evidence(runs, real, level, box, one).detail.power.blind == ("later",)
+    pw = ending_evidence(away, real, level, box, one).detail.power
+    assert pw.blind == ("sooner", "later") and pw.later_p > 0.1
+    assert "had the 1 checked episode with an expected end run on" in ending_power_words(
+        ending_evidence(away, real, level, box, one)
+    )
+    many = [_ep(i, 200, False) for i in range(16)]
+    seen = ending_evidence(many, real, level, box, {i: _profile(200) for i in range(16)})
+    assert seen.detail.power.detectable
+    assert ending_pass_sentence(seen) == (
+        "The ending test would have caught all 16 judged checked episodes terminating or none of them terminating."
+    )
 
 
 def test_where_reality_never_ends_only_sooner_endings_need_power():

@@ -64,7 +64,7 @@ def rejection_rate(norm, reps: int, checked_policy: str, alpha: float = 0.1, rea
         real = policy_pairs(group(10_000 + r, 12, real_policy), norm)
         checked = policy_pairs(group(20_000 + r, 8, checked_policy, **plant), norm)
         res = policy_shift_test(checked, real, alpha, np.random.default_rng(r), permutations=199)
-        hits += res.shifted
+        hits += res.rejects
     return hits / reps
 
 
