@@ -72,8 +72,9 @@ Run
       episodes per half), the verdict is `inconclusive` (exit 3), listing the types it could not
       have seen (`Decision.missing_power`). The ending row is judged by its own best case in this
       check (endings.EndingPower: the count test had every judged checked episode terminated, or
-      none, and the run-on test had every one with an expected end run on beyond every held-out
-      real one): a direction reality's counts allow that no outcome could have shown leaves
+      none; where it judges none, the run-on test, which then decides the row, had every one with
+      an expected end run on beyond every held-out real one): a direction reality's counts allow
+      that no outcome could have shown leaves
       "ending" missing. The gate's `require_power` narrows the required types (a partial pass the
       team accepts explicitly).
   R8  no checked block at all (every episode shorter than a block), or none the divergence tests

@@ -46,6 +46,14 @@ reverted: the count test then missed 4 of 34 gapped double-pendulum simulators i
 ending (its simulator lacks reality's termination); a run that terminates less often than
 reality's without going on past expected ends never reaches the failing states, which the four
 UPSTREAM gaps do to a controlled system too: confounded with them.
+
+What the row could have seen (`ending_power`, `EndingPower`; decision rule R7): its tests' p on
+the most extreme outcomes of this check, per direction the real counts allow. Sooner: every judged
+checked episode terminates. Later: none does; where the count test judges none, the run-on test
+decides the row, and its best case counts instead (every checked episode with an expected end runs
+on beyond every held-out real one). A direction whose best p misses the level leaves the ending
+out of what a pass can claim: 8 episodes against the double pendulum's 52 falls in 120 real
+episodes cannot show a simulator that never falls (p 0.021 at 0.005); 11 can.
 """
 
 from __future__ import annotations
