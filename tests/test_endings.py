@@ -33,6 +33,23 @@ def test_fisher_exact_matches_textbook_values():
     assert fisher_exact_p(5, 10, 5, 10) == 1.0
 
 
+def test_fisher_exact_in_log_space_equals_the_exact_sum():
+    """The log-space sum (stats.fisher_exact_p) against exact integer hypergeometric sums."""
+    import math
+    from fractions import Fraction
+
+    def exact(k1, n1, k2, n2):
+        K, N = k1 + k2, n1 + n2
+        pmf = [Fraction(math.comb(K, x) * math.comb(N - K, n1 - x), math.comb(N, n1)) for x in range(0, n1 + 1)]
+        return float(min(1, sum(q for q in pmf if q <= pmf[k1])))
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        n1, n2 = int(rng.integers(1, 40)), int(rng.integers(1, 200))
+        k1, k2 = int(rng.integers(0, n1 + 1)), int(rng.integers(0, n2 + 1))
+        assert fisher_exact_p(k1, n1, k2, n2) == pytest.approx(exact(k1, n1, k2, n2), rel=1e-6, abs=1e-300)
+
+
 def test_ending_test_finds_early_terminations_and_ignores_truncations():
     real = real_endings([_ep(i, 200, False) for i in range(40)])
     assert real == {
