@@ -919,6 +919,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{REPLICATE_SEED:,} each) and pool the checks: false-alarm rates over calibrations, not one (default 1)",
     )
     p.add_argument(
+        "--check-episodes",
+        type=int,
+        default=None,
+        help="episodes per checked simulator instead of each system's own (jobs that set their own count keep it)",
+    )
+    p.add_argument(
         "--declare-policy",
         action="store_true",
         help="tell every check which policy chose its commands (`--checked-policy logs` for the logs' policy, "
@@ -961,9 +967,13 @@ def main(argv: list[str] | None = None) -> int:
         command=" ".join(["scripts/bench_detection.py", *(argv if argv is not None else sys.argv[1:])]),
     )
     systems = []
+    if args.check_episodes is not None and args.check_episodes < 1:
+        p.error("--check-episodes must be >= 1")
     for name, spec in specs.items():
         if args.quick:
             spec = quick(spec)
+        if args.check_episodes is not None:
+            spec = dataclasses.replace(spec, check_episodes=args.check_episodes)
         reps = [
             run_system(spec, out / "work" / name / (f"rep{k}" if k else ""), args, k) for k in range(args.replicates)
         ]
