@@ -136,7 +136,8 @@ def run_check(
         inp.episodes, cal.info.get("real_endings"), levels.gap, inp.norm.range["obs"], _end_profiles(inp, model)
     )
     if inp.blocks is None:
-        return _short_check(inp, ending, levels, gate, rollouts, command, t0)
+        shift = _policy_shift(inp, alpha, seed, checked_policy)  # it needs no block: another policy ends otherwise
+        return _short_check(inp, ending, levels, gate, rollouts, command, t0, shift)
     sc = cal.score(model, inp.blocks, seed)
     rng = np.random.default_rng(seed)
     comp = _competence(sc, cal, gate)
@@ -209,10 +210,18 @@ def run_check(
 
 
 def _short_check(
-    inp: CheckInputs, ending: GapEvidence, levels: Levels, gate: Gate, rollouts: Path, command, t0
+    inp: CheckInputs,
+    ending: GapEvidence,
+    levels: Levels,
+    gate: Gate,
+    rollouts: Path,
+    command,
+    t0,
+    policy_shift: PolicyShift | None = None,
 ) -> dict:
     """Every checked episode is shorter than a block: no score through the model can be compared
-    with the calibration, but how the episodes end can (rule R8: inconclusive unless that fails)."""
+    with the calibration, but how the episodes end can (rule R8: inconclusive unless that fails),
+    and whether another policy may have ended them so (R4b: `policy_shift`)."""
     from wmcheck.checks.evidence import DivergenceEvidence, PooledEvidence
 
     L = inp.cfg.context + inp.cfg.horizon
@@ -226,6 +235,7 @@ def _short_check(
         None,
         _power_evidence({}, inp, gate, ending),
         _model_quality(inp),
+        policy_shift,
     )
     dec = decide(ev, levels, gate.allow_unverifiable)
     rows = rb.gap_rows(

@@ -51,7 +51,11 @@ Run
       open-loop errors depend on the commands it is given as well as on the states (commands that
       change more often are harder to predict after each change, whatever the simulator: a
       faithful HalfCheetah under hold:2 failed the sensor-noise row, docs/benchmarks.md). They
-      make the run unverifiable, not failed.
+      make the run unverifiable, not failed. So does an ending finding that another controller
+      gives too (`GapEvidence.policy_may_cause`, endings.py): episodes that fail sooner where the
+      model expects reality to fail too, or less often without running on past expected ends (a
+      faithful double pendulum under a stiffer LQR ended less often than reality's and failed on
+      the ending row alone, docs/benchmarks.md, twenty-eighth session).
   R4c divergence (an E1 episode, the pooled test) while the checked commands follow another policy
       than the logs' is confounded with the policy: the real blocks that set the divergence
       thresholds were recorded under the logs' policy, and the model's open-loop error depends on
@@ -238,7 +242,11 @@ def decide(ev: CheckEvidence, levels: Levels, allow_unverifiable: bool = False) 
     policy_shifted = ev.policy_shift is not None and ev.policy_shift.shifted
     fired = {g for g in ROW_GAPS if gaps[g] in ("present", "tolerated")}
     shift_confounded = tuple(g for g in RESIDUAL_GAPS if shifted and g in fired)  # R4
-    policy_confounded = tuple(g for g in POLICY_DEPENDENT_GAPS if policy_shifted and g in fired)  # R4b
+    policy_confounded = tuple(  # R4b
+        g
+        for g in ROW_GAPS
+        if policy_shifted and g in fired and (g in POLICY_DEPENDENT_GAPS or ev.gaps[g].policy_may_cause)
+    )
     confounded_rows = shift_confounded + policy_confounded
     divergence_excused = policy_shifted  # R4c
 
@@ -326,7 +334,7 @@ def top_gap(
     if top == "none" and not confounded:
         if gaps["visual"] in ("present", "tolerated"):
             top = "visual"
-        elif gaps["ending"] in ("present", "tolerated"):
+        elif gaps["ending"] in ("present", "tolerated") and "ending" not in not_causes:
             upstream = ev.gaps["ending"].confounded_with  # endings where the model expects them too
             top, confounded = ("none", ["ending", *upstream]) if upstream else ("ending", [])
         elif gaps["distribution"] == "present" and not pooled_reject:

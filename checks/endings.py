@@ -309,7 +309,25 @@ def ending_evidence(
             detail.real_end_probability = float(np.median(real_ends))
             detail.expected_p = fisher_exact_p(detail.checked_expected, len(ends), detail.real_expected, len(real_ends))
     evidence = level / max(p, 1e-300)
-    return GapEvidence("ending", evidence, detail=detail, confounded_with=_confounded(detail, evidence >= 1.0))
+    confounded = _confounded(detail, evidence >= 1.0)
+    return GapEvidence(
+        "ending", evidence, detail=detail, confounded_with=confounded, policy_may_cause=_policy_may_cause(detail)
+    )
+
+
+def _policy_may_cause(d: EndingDetail) -> bool:
+    """Whether another controller gives the row's finding too (decision R4b): episodes that end more
+    often where the model expects reality to end too (`EndingDetail.upstream`: a worse controller
+    lets the plant fail sooner), or less often without running on past expected ends (a better one
+    keeps it away from failing states). Not a run that goes on past expected ends, nor terminations
+    where the model does not expect reality to end: the plant's termination rule does not depend on
+    who controls it. On the double pendulum a faithful simulator under a stiffer LQR ended less
+    often than reality and failed on this row alone (docs/benchmarks.md, twenty-eighth session)."""
+    if not d.checked_episodes or (d.run_on is not None and d.run_on.fires):
+        return False
+    if d.checked_terminated > d.real_rate * d.checked_episodes:
+        return d.upstream
+    return True
 
 
 MAX_EPISODES_NEEDED = 1 << 14  # beyond this many checked episodes the fix is more real ones

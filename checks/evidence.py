@@ -81,6 +81,7 @@ class GapEvidence:
     reason: str = ""
     confounded_with: tuple[str, ...] = ()  # gap types this finding cannot be told apart from (never named alone)
     explained_by: tuple[str, ...] = ()  # gap types that give this finding too: named instead when they fire (T1)
+    policy_may_cause: bool = False  # another policy gives this finding too (R4b beyond the model-run rows: endings)
 
     @property
     def fires(self) -> bool:

@@ -801,9 +801,10 @@ def gap_rows(ev: CheckEvidence, dec: Decision, visual_row: dict) -> dict[str, di
         rows[g]["confounded_with"] = [o for o in dec.confounded if o != g]
     for g in dec.policy_confounded:  # R4b
         rows[g]["confounded_with_policy"] = True
-        rows[g]["explanation"] += (
-            f"; not failing: {policy_clause(ev.policy_shift)}, and under another "
-            "closed-loop policy the model's own errors move this test as a gap would"
+        rows[g]["explanation"] += f"; not failing: {policy_clause(ev.policy_shift)}, and " + (
+            "another controller makes a plant fail sooner, or keeps it from failing, as these episodes do"
+            if g == "ending"
+            else "under another closed-loop policy the model's own errors move this test as a gap would"
         )
     for g in DYNAMICS_GAPS:  # T1: a finding that the named gap gives as well (GapEvidence.explained_by)
         if g in ev.gaps and dec.top_gap in ev.gaps[g].explained_by and rows[g]["verdict"] in ("present", "tolerated"):
@@ -917,14 +918,29 @@ def message(
                 "this is not a pass: to judge the simulator's dynamics, also check it under the logs' policy, or "
                 "replaying the logged commands." + undetermined_advice(ev.policy_shift)
             )
-        if dec.policy_confounded:
+        model_rows = [g for g in dec.policy_confounded if g != "ending"]
+        if "ending" in dec.policy_confounded:
             parts.append(
                 ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded or dec.divergence_confounded) else "")
-                + f"the gap tests find {', '.join(dec.policy_confounded)}, but {policy_clause(ev.policy_shift)}, "
+                + f"the checked episodes end otherwise than the real ones, but {policy_clause(ev.policy_shift)}, and "
+                "another controller makes the plant fail sooner, or keeps it from failing, whatever the simulator; "
+                "this is not a pass: to judge how its episodes end, also check the simulator under the logs' policy."
+                + undetermined_advice(ev.policy_shift)
+            )
+        if model_rows:
+            parts.append(
+                (
+                    "UNVERIFIABLE: "
+                    if not (
+                        n_unv or dec.shift_confounded or dec.divergence_confounded or "ending" in dec.policy_confounded
+                    )
+                    else ""
+                )
+                + f"the gap tests find {', '.join(model_rows)}, but {policy_clause(ev.policy_shift)}, "
                 "and their thresholds come from real episodes of the logs' policy: under "
                 "another policy the model's own small errors correlate with the commands as a delay or a gain would, "
                 "and its residuals grow or shrink with how the commands excite the system; this is not a pass: to "
-                f"judge {', '.join(dec.policy_confounded)}, also check the simulator under the logs' policy, or "
+                f"judge {', '.join(model_rows)}, also check the simulator under the logs' policy, or "
                 "replaying the logged commands." + undetermined_advice(ev.policy_shift)
             )
     elif dec.verdict == "inconclusive":
@@ -1090,6 +1106,12 @@ def short_message(dec: Decision, ev: CheckEvidence, rows: dict, why: str, n: int
             text
             + f". They end differently from reality's: {rows['ending']['explanation']}."
             + (" " + ending_cause_sentence(ending, ev) if ending is not None and ending.fires else "")
+        )
+    if "ending" in dec.policy_confounded:  # R4b
+        return (
+            text + "; this is not a pass. How they end: " + rows["ending"]["explanation"] + ". What would fix it: "
+            "check the simulator under the logs' policy, record longer episodes, or calibrate with a shorter "
+            "--context / --horizon." + undetermined_advice(ev.policy_shift)
         )
     return (
         text + "; this is not a pass. How they end: " + rows["ending"]["explanation"] + ". What would fix it: "

@@ -390,3 +390,40 @@ def test_where_reality_never_ends_only_sooner_endings_need_power():
     # no judged episode and no run-on test: the row does not run, so it has no power
     far = ending_evidence([_ep(0, 30, True, last=5.0)], many, level, box)
     assert not far.checked and far.detail is None
+
+
+def test_another_controller_explains_endings_sooner_where_expected_or_fewer_not_a_termination_rule():
+    """R4b for the ending row (`GapEvidence.policy_may_cause`): a controller that differs lets the
+    plant fail sooner where the model expects reality to fail too, or keeps it from failing; it
+    does not change where the plant's own rule ends an episode (terminations the model does not
+    expect) nor make a simulator run on past expected ends. Under another policy the decision
+    makes the first two unverifiable and keeps the others failing."""
+    from wmcheck.checks.decision import Levels, decide
+    from wmcheck.checks.evidence import CheckEvidence, DivergenceEvidence, GapEvidence, PooledEvidence
+    from wmcheck.checks.policy_match import PolicyShift
+
+    eps = [_ep(i, 200, i < 10) for i in range(40)]
+    real = real_endings(eps, eps[:10], {i: _profile(200, last=0.9) for i in range(10)})
+    falls, level = [_ep(i, 30, True) for i in range(8)], 0.005
+    sooner = ending_evidence(falls, real, level, None, {i: _profile(30, last=0.8) for i in range(8)})
+    tripped = ending_evidence(falls, real, level, None, {i: _profile(30, last=0.01) for i in range(8)})
+    heads, box = _real_with_early_heads(), (np.array([-1.0]), np.array([1.0]))
+    calm = [_ep(i, 200, False) for i in range(24)]
+    fewer = ending_evidence(calm, heads, level, None, {i: _profile(200) for i in range(24)})
+    runs = [_ep(i, 200, False, last=5.0) for i in range(8)]
+    ran_on = ending_evidence(runs, heads, level, box, {i: _profile(200, expected_from=30) for i in range(8)})
+    assert all(e.fires for e in (sooner, tripped, fewer, ran_on)) and ran_on.detail.run_on.fires
+    assert sooner.policy_may_cause and fewer.policy_may_cause
+    assert not tripped.policy_may_cause and not ran_on.policy_may_cause
+
+    quiet = {g: GapEvidence(g, 0.1) for g in ("latency", "actuator", "sensor_noise", "dynamics")}
+    other = PolicyShift(p_value=0.5, effect=0.1, checked_episodes=8, real_episodes=12, declared="other")
+    for ending, verdict in ((sooner, "unverifiable"), (fewer, "unverifiable"), (tripped, "fail"), (ran_on, "fail")):
+        ev = CheckEvidence(
+            DivergenceEvidence([], PooledEvidence({"nll": float("nan")})),
+            {**quiet, "ending": ending, "visual": GapEvidence.not_checked("visual", "")},
+            policy_shift=other,
+        )
+        dec = decide(ev, Levels.for_check(0.05, 8))
+        assert dec.verdict == verdict and (dec.policy_confounded == ("ending",)) == (verdict == "unverifiable")
+        assert dec.top_gap == ("ending" if verdict == "fail" and not ending.confounded_with else "none")
