@@ -201,6 +201,11 @@ class EndingDetail:
         return 2 * self.checked_expected >= self.checked_probed and not fewer
 
     @property
+    def ends_more(self) -> bool:
+        """More of the judged checked episodes terminate than the real share would give them."""
+        return self.checked_terminated > self.real_rate * self.checked_episodes
+
+    @property
     def checked_rate(self) -> float:
         return self.checked_terminated / max(self.checked_episodes, 1)
 
@@ -325,7 +330,7 @@ def _policy_may_cause(d: EndingDetail) -> bool:
     often than reality and failed on this row alone (docs/benchmarks.md, twenty-eighth session)."""
     if not d.checked_episodes or (d.run_on is not None and d.run_on.fires):
         return False
-    if d.checked_terminated > d.real_rate * d.checked_episodes:
+    if d.ends_more:
         return d.upstream
     return True
 
@@ -379,6 +384,6 @@ def _confounded(d: EndingDetail, fires: bool) -> tuple[str, ...]:
     without going on past an expected end (it does not reach the failing states)."""
     if not fires or (d.run_on is not None and d.run_on.fires) or not d.checked_episodes:
         return ()
-    if d.checked_terminated > d.real_rate * d.checked_episodes:
+    if d.ends_more:
         return UPSTREAM if d.upstream else ()
     return UPSTREAM if d.run_on is not None else ()

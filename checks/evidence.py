@@ -132,12 +132,12 @@ class PowerEvidence:
         """Required types the check could not have seen: of the power table's, all of them when it
         was not measured or its control is unreliable, else those detected at no tested size; the
         ending where its best case does not reach its level."""
-        table_ok = self.measured and self.reliable
-        return tuple(
-            g
-            for g in self.required
-            if not (self.ending if g == "ending" else table_ok and self.detectable.get(g, False))
-        )
+        return tuple(g for g in self.required if not self._seen(g))
+
+    def _seen(self, g: str) -> bool:
+        if g == "ending":
+            return self.ending
+        return self.measured and self.reliable and self.detectable.get(g, False)
 
 
 @dataclass

@@ -894,13 +894,18 @@ def message(
                 f"The divergence remains after the corrections of the tolerated gap(s) ({', '.join(tolerated)})."
             )
     elif dec.verdict == "unverifiable":
+        first = len(parts)
+
+        def lead() -> str:  # the verdict heads the first of the reasons below
+            return "UNVERIFIABLE: " if len(parts) == first else ""
+
         if n_unv:
             parts.append(
                 f"UNVERIFIABLE: {n_unv} of {n_ep} episode(s) visit states where the model is not competent; this is not a pass."
             )
         if dec.shift_confounded:
             parts.append(
-                ("UNVERIFIABLE: " if not n_unv else "")
+                lead()
                 + f"the residual tests find {', '.join(dec.shift_confounded)}, but the checked episodes visit states in "
                 f"other proportions than the real logs (distribution gap), and residuals differ between states anyway; "
                 f"this is not a pass: collect real logs in the states the simulator visits."
@@ -911,8 +916,7 @@ def message(
                 for r in dec.divergence_confounded
             )
             parts.append(
-                ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded) else "")
-                + f"{found}, but {policy_clause(ev.policy_shift)}: the divergence "
+                lead() + f"{found}, but {policy_clause(ev.policy_shift)}: the divergence "
                 "thresholds come from real episodes of the logs' policy, and the model's open-loop error depends on "
                 "the commands and the states it is given as well as on the simulator; "
                 "this is not a pass: to judge the simulator's dynamics, also check it under the logs' policy, or "
@@ -921,7 +925,7 @@ def message(
         model_rows = [g for g in dec.policy_confounded if g != "ending"]
         if "ending" in dec.policy_confounded:
             parts.append(
-                ("UNVERIFIABLE: " if not (n_unv or dec.shift_confounded or dec.divergence_confounded) else "")
+                lead()
                 + f"the checked episodes end otherwise than the real ones, but {policy_clause(ev.policy_shift)}, and "
                 "another controller makes the plant fail sooner, or keeps it from failing, whatever the simulator; "
                 "this is not a pass: to judge how its episodes end, also check the simulator under the logs' policy."
@@ -929,14 +933,7 @@ def message(
             )
         if model_rows:
             parts.append(
-                (
-                    "UNVERIFIABLE: "
-                    if not (
-                        n_unv or dec.shift_confounded or dec.divergence_confounded or "ending" in dec.policy_confounded
-                    )
-                    else ""
-                )
-                + f"the gap tests find {', '.join(model_rows)}, but {policy_clause(ev.policy_shift)}, "
+                lead() + f"the gap tests find {', '.join(model_rows)}, but {policy_clause(ev.policy_shift)}, "
                 "and their thresholds come from real episodes of the logs' policy: under "
                 "another policy the model's own small errors correlate with the commands as a delay or a gain would, "
                 "and its residuals grow or shrink with how the commands excite the system; this is not a pass: to "

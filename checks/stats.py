@@ -640,6 +640,7 @@ def fisher_exact_p(k1: int, n1: int, k2: int, n2: int) -> float:
     K, N = k1 + k2, n1 + n2
     lo, hi = max(0, n1 - (N - K)), min(K, n1)
     x = np.arange(lo, hi + 1)  # the tables with these margins
-    log_pmf = _log_comb(K, x) + _log_comb(N - K, n1 - x) - float(_log_comb(N, np.array([n1]))[0])
+    log_total = math.lgamma(N + 1) - math.lgamma(n1 + 1) - math.lgamma(N - n1 + 1)  # log C(N, n1)
+    log_pmf = _log_comb(K, x) + _log_comb(N - K, n1 - x) - log_total
     keep = log_pmf <= log_pmf[k1 - lo] + 1e-7  # no more probable than the observed table (float tolerance)
     return 1.0 if keep.all() else float(min(1.0, np.exp(log_pmf[keep]).sum()))
