@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from wmcheck.datasets.errors import UserError
+from wmcheck.datasets.windows import fitted_geometry
 
 SCORES = ("divergence", "nll", "kl")  # the tests behind `divergent`
 COMPETENCE = ("support", "disagreement")  # the tests behind `unverifiable`
@@ -28,9 +29,6 @@ POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias", "obs_scale",
 POWERED_GAPS = POWER_GAPS + ("ending",)
 """What a pass needs power on: the power table's types, and the ending row's best case in the check
 (endings.EndingPower); the names `require_power` accepts."""
-MIN_HORIZON = 8
-"""The fewest imagined steps a block may have (CheckConfig.fitted_to), and the horizon of the
-corrections' objective, whose 8-step windows tile each block (sysid.ATTRIBUTION_HORIZON)."""
 DYNAMICS_GAPS = ("latency", "actuator", "sensor_noise", "dynamics")
 """The attribution's gap tests through the model; each one found present fails a check."""
 GAP_TESTS = (*DYNAMICS_GAPS, "ending")
@@ -92,21 +90,20 @@ class CheckConfig:
     def fitted_to(self, steps: list[int]) -> tuple[CheckConfig, str | None]:
         """The geometry the held-out real episodes allow, and a note when it differs from this one.
 
-        `horizon` is at most this many steps: when the median held-out episode (`steps`: each
-        episode's observations, actions + 1) is shorter than context + horizon, the horizon shrinks
-        so that a block fits it, down to MIN_HORIZON. Without this every block of such a log was
-        skipped, and training ended with "held-out episodes too short" (Pendulum cut at 50 steps,
-        a task whose episodes end at 50 or 100 steps). Shorter held-out episodes than the block are
-        still skipped, as are shorter checked ones (their endings are checked on their own)."""
-        if not steps:
+        When the median held-out episode (`steps`: each episode's observations, actions + 1) is
+        shorter than context + horizon, the horizon shrinks so that a block fits it, down to
+        MIN_HORIZON, and then the context, down to MIN_CONTEXT (datasets.windows.fitted_geometry).
+        Without this every block of such a log was skipped, and calibration ended with "held-out
+        episodes too short": Pendulum cut at 50 steps, or a hopper that falls within 15 steps.
+        Shorter held-out episodes than the block are still skipped, as are shorter checked ones
+        (their endings are checked on their own)."""
+        context, horizon = fitted_geometry(steps, self.context, self.horizon)
+        if (context, horizon) == (self.context, self.horizon):
             return self, None
-        median = int(np.median(steps))
-        if median >= self.context + self.horizon or median < self.context + MIN_HORIZON:
-            return self, None  # it fits, or a block cannot fit at all (make_blocks says so)
-        fitted = dataclasses.replace(self, horizon=median - self.context)
+        fitted = dataclasses.replace(self, context=context, horizon=horizon)
         return fitted, (
-            f"the held-out episodes' median length is {median} steps, shorter than a block of {self.context} + "
-            f"{self.horizon}: checks imagine {fitted.horizon} steps after {self.context} observed"
+            f"the held-out episodes' median length is {int(np.median(steps))} steps, shorter than a block of "
+            f"{self.context} + {self.horizon}: checks imagine {horizon} steps after {context} observed"
         )
 
     def to_dict(self) -> dict:

@@ -72,8 +72,8 @@ import torch
 
 from wmcheck.checks.attribution import allowed_corrections
 from wmcheck.checks.blocks import Blocks
-from wmcheck.checks.config import MIN_HORIZON
 from wmcheck.checks.folds import FoldModels, per_fold, restore_order
+from wmcheck.datasets.windows import MIN_HORIZON
 from wmcheck.worldmodel.distributions import symexp, symlog
 
 KINDS = ("gain", "offset", "deadband")
@@ -790,7 +790,7 @@ def reference(model, episodes, blocks: Blocks, norm, cfg) -> Reference:
 
 ATTRIBUTION_HORIZON = MIN_HORIZON
 """Open-loop steps of the objective's rollouts (scoring.attribution_objective's horizon); a block
-imagines at least this many (config.MIN_HORIZON)."""
+imagines at least this many (datasets.windows.MIN_HORIZON)."""
 
 
 # ----------------------------------------------------------------------------- estimates

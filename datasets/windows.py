@@ -41,6 +41,38 @@ from wmcheck.datasets.frames import FrameStream
 from wmcheck.datasets.normalize import Normalizer
 
 BATCH_FIELDS = ("obs", "prev_action", "prev_input", "reward", "is_first", "is_last", "is_terminal")
+
+MIN_CONTEXT = 4
+"""The fewest observed steps before imagining (`fitted_geometry`): a vector state is filtered into
+the posterior within a few steps, and a log whose episodes end sooner still gets blocks."""
+MIN_HORIZON = 8
+"""The fewest imagined steps of a block or an open-loop window (`fitted_geometry`), and the horizon
+of the corrections' objective, whose 8-step windows tile each block (checks/sysid.py)."""
+
+
+def fitted_geometry(lengths: Sequence[int], context: int, horizon: int) -> tuple[int, int]:
+    """(context, horizon) of the blocks that held-out episodes of `lengths` steps (step views:
+    observations, actions + 1) allow, from the asked (context, horizon).
+
+    A block must fit the median episode, so that at least half of them give one: the horizon
+    shrinks first, down to MIN_HORIZON, then the context, down to MIN_CONTEXT. Episodes that end
+    sooner than the asked block are a property of the task (a hopper that falls, a pendulum
+    episode of 50 steps), not a reason to stop: without this rule a log whose median episode has
+    15 steps could not be calibrated at all. When even MIN_CONTEXT + MIN_HORIZON does not fit the
+    median, or nothing is given, the asked geometry is returned (cutting blocks then says which
+    episodes are too short)."""
+    if not len(lengths):
+        return context, horizon
+    median = int(np.median(lengths))
+    if median >= context + horizon:
+        return context, horizon
+    h = max(min(horizon, median - context), min(horizon, MIN_HORIZON))
+    c = min(context, median - h)
+    if c < min(context, MIN_CONTEXT):
+        return context, horizon
+    return c, h
+
+
 _ARRAYS = BATCH_FIELDS
 
 

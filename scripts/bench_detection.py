@@ -63,6 +63,7 @@ from wmcheck.datasets.split import split_episodes
 from wmcheck.scripts.bench_families import (
     DOUBLE_PENDULUM,
     HALFCHEETAH,
+    HOPPER,
     PENDULUM,
     PUSHER,
     CheckJob,
@@ -952,6 +953,7 @@ def main(argv: list[str] | None = None) -> int:
             "halfcheetah": HALFCHEETAH,
             "pusher": PUSHER,
             "double_pendulum": DOUBLE_PENDULUM,
+            "hopper": HOPPER,
             **CONFIGS[args.config],
         }
         bad = [n for n in names if n not in known]

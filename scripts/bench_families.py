@@ -77,6 +77,24 @@ class PusherSweep:
         return a.astype(np.float32)
 
 
+class HopperSway:
+    """A slow sinusoidal sway of Hopper's thigh, leg and foot (period 24 steps) with damping on the
+    joint velocities: a deterministic controller unlike the logs' held random torques. Like them it
+    does not balance the hopper, so its episodes end in falls too."""
+
+    def __init__(self):
+        self.t = 0
+        self.phase = np.array([0.0, 1.0, 2.0])
+
+    def reset(self, seed: int) -> None:
+        self.t = 0
+
+    def __call__(self, obs) -> np.ndarray:
+        a = 0.5 * np.sin(2 * math.pi * self.t / 24 + self.phase) - 0.1 * np.asarray(obs[8:11], float)
+        self.t += 1
+        return np.clip(a, -1, 1).astype(np.float32)
+
+
 def _step_linearisation(env_id: str) -> tuple[np.ndarray, np.ndarray]:
     """(A, B) of one env step (frame_skip MuJoCo steps, command held) about the upright rest state
     with no command, by central differences on the nominal model: x = (qpos, qvel)."""
@@ -163,6 +181,7 @@ CONTROLLERS = {
     "pendulum_pd": lambda: pendulum_pd,
     "cheetah_gait": CheetahGait,
     "pusher_sweep": PusherSweep,
+    "hopper_sway": HopperSway,
     "idp_lqr": DoublePendulumLQR,  # the double pendulum's logs: excitation 0.07 held 5 steps
     "idp_lqr_slow": lambda: DoublePendulumLQR(amp=0.07, hold=15),  # slower excitation
     "idp_lqr_stiff": lambda: DoublePendulumLQR(amp=0.02, hold=5, q=(1, 100, 100, 1, 1, 1), r=0.1),
@@ -311,6 +330,39 @@ DOUBLE_PENDULUM = SystemSpec(
     episodes=120,
     max_steps=200,
     check_episodes=8,
+    controls=10,
+    other_controls=3,
+    reps=1,
+)
+
+
+HOPPER = SystemSpec(
+    "hopper",
+    "Hopper-v5",
+    reality={
+        "latency_steps": 1,
+        "actuator_gain": 0.9,
+        "sensor_noise_std": 0.01,
+        "process_noise_std": 0.05,
+        "physics": {"body_mass": {"scale": 1.1}},
+    },
+    # Gravity acts on the unforced fall; a mass change would also scale the joints' response to
+    # the torques (an actuator gain in disguise).
+    dynamics_param="opt.gravity",
+    dynamics_sizes=(0.05, 0.1, 0.25, 0.5),
+    controller="hopper_sway",
+    # runs on: no fall detection at all; ends later: only once the torso tilts past 0.4 rad (the
+    # env's own healthy range is |angle| < 0.2)
+    run_on_bounds=[None, 0.4] + [None] * 9,
+    # Under held random torques the hopper falls within 7-40 steps (median 15): episodes far
+    # shorter than a block of 16 + 48, which calibration fits to 8 + 8 (datasets.windows.
+    # fitted_geometry). Many real episodes are needed for data: 400 of them are about 7,000 steps.
+    episodes=400,
+    max_steps=200,
+    episode_counts=(8, 64),
+    ending_steps=(),
+    steps=4000,
+    check_episodes=16,
     controls=10,
     other_controls=3,
     reps=1,

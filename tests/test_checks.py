@@ -9,6 +9,7 @@ the real logs never saw `unverifiable`, never `pass`.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -175,6 +176,41 @@ def test_episodes_shorter_than_a_block_are_checked_with_a_shorter_horizon(check_
     assert report["summary"]["blocks"] == 16, report["summary"]
     assert report["verdict"] == "fail" and report["summary"]["top_gap"] == "latency", report["summary"]
     assert report["gaps"]["latency"]["estimate"]["steps"] == pytest.approx(-2, abs=0.3)
+
+
+def test_a_hopper_that_falls_within_a_block_is_trained_calibrated_and_checked_on_short_blocks(check_trainer, tmp_path):
+    """Hopper-v5 under held random torques falls within 7-40 steps (median 15): shorter than a block
+    of 16 + 48 and even than 16 + 8. Calibration used to stop with "held-out episodes too short"
+    (exit 2), so no simulator of such a system could be checked. Training now fits its open-loop
+    context to the held-out episodes (the card rests on many of them, not on the one longest),
+    calibration fits blocks of 8 + 8, and a simulator with 2 more steps of latency fails with its
+    delay estimated."""
+    meta = LogMeta(
+        source="real", dt=0.008, observation_names=[f"obs{i}" for i in range(11)], action_names=["thigh", "leg", "foot"]
+    )
+    reality = RealityProfile(latency_steps=1, actuator_gain=0.9, process_noise_std=0.05, sensor_noise_std=0.01)
+    eps = record_reality("Hopper-v5", reality, "hold:5", episodes=400, max_steps=200, seed=0)
+    assert np.median([e.num_steps for e in eps]) < 16 + 8 and all(bool(e.terminations[-1]) for e in eps)
+    write_log(tmp_path / "real.h5", eps, meta)
+    run = check_trainer(tmp_path, tmp_path / "real.h5", 600)
+    train_cfg = json.loads((run / "config.json").read_text())["train"]
+    card = json.loads((run / "quality.json").read_text())
+    assert train_cfg["openloop_context"] == card["context"] < 16, (train_cfg["openloop_context"], card["context"])
+    assert card["heldout_episodes"] >= 20, card["heldout_episodes"]  # not the one longest held-out episode
+    cal = json.loads((run / "calibration.json").read_text())
+    assert (cal["config"]["context"], cal["config"]["horizon"]) == (8, 8), cal["config"]
+    late = record_reality(
+        "Hopper-v5", dataclasses.replace(reality, latency_steps=3), "hold:5", episodes=16, max_steps=200, seed=100
+    )
+    write_log(tmp_path / "late.h5", late, LogMeta(**{**meta.__dict__, "source": "sim"}))
+    report = run_check(run, tmp_path / "late.h5", checked_policy="logs")
+    assert report["summary"]["blocks"] >= 5, report["summary"]
+    assert report["verdict"] == "fail" and report["summary"]["top_gap"] == "latency", report["summary"]
+    assert report["gaps"]["latency"]["estimate"]["steps"] == pytest.approx(-2, abs=0.6)
+    same = record_reality("Hopper-v5", reality, "hold:5", episodes=16, max_steps=200, seed=100)
+    write_log(tmp_path / "same.h5", same, LogMeta(**{**meta.__dict__, "source": "sim"}))
+    faithful = run_check(run, tmp_path / "same.h5", checked_policy="logs")
+    assert faithful["verdict"] != "fail", faithful["summary"]
 
 
 def test_a_simulator_that_ends_where_reality_does_not_fails_on_the_ending_row(pendulum, tmp_path):

@@ -683,17 +683,25 @@ def test_a_sub_step_delay_is_applied_before_the_residual_tests():
 
 def test_the_check_geometry_fits_the_held_out_episodes():
     """CheckConfig.fitted_to: the horizon shrinks to the median held-out episode, never below
-    MIN_HORIZON, and a geometry that fits is kept as it is."""
-    from wmcheck.checks.config import MIN_HORIZON, CheckConfig
+    MIN_HORIZON, then the context, never below MIN_CONTEXT; a geometry that fits is kept."""
+    from wmcheck.checks.config import CheckConfig
+    from wmcheck.datasets.windows import MIN_CONTEXT, MIN_HORIZON
 
     cfg = CheckConfig()
     assert cfg.fitted_to([201] * 10) == (cfg, None)
     short, note = cfg.fitted_to([51] * 9 + [201])
     assert (short.context, short.horizon) == (16, 35) and "35" in note and "51" in note
     assert cfg.fitted_to([40, 51, 51, 60, 201])[0].horizon == 35  # the median episode, not the shortest
-    assert cfg.fitted_to([16 + MIN_HORIZON - 1] * 5) == (cfg, None)  # no block fits: make_blocks says so
     assert cfg.fitted_to([16 + MIN_HORIZON] * 5)[0].horizon == MIN_HORIZON
+    # shorter still: the horizon stays at MIN_HORIZON and the context gives way (a hopper that falls)
+    hop, note = cfg.fitted_to([9, 12, 16, 16, 16, 30, 40])
+    assert (hop.context, hop.horizon) == (8, MIN_HORIZON) and "after 8 observed" in note and "16 steps" in note
+    assert cfg.fitted_to([MIN_CONTEXT + MIN_HORIZON] * 5)[0].context == MIN_CONTEXT
+    assert cfg.fitted_to([MIN_CONTEXT + MIN_HORIZON - 1] * 5) == (cfg, None)  # no block fits: make_blocks says so
     assert cfg.fitted_to([]) == (cfg, None)
+    # an asked geometry below the floors is kept where it fits, and never grown
+    small = CheckConfig(context=2, horizon=4)
+    assert small.fitted_to([7] * 3) == (small, None) and small.fitted_to([5] * 3) == (small, None)
 
 
 def test_a_pass_needs_the_ending_rows_power_where_it_is_required():

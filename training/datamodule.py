@@ -25,7 +25,7 @@ from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import training_split
 from wmcheck.datasets.validate import validate_log
-from wmcheck.datasets.windows import Batch, WindowSampler
+from wmcheck.datasets.windows import Batch, WindowSampler, fitted_geometry
 from wmcheck.training.config import TrainConfig
 from wmcheck.worldmodel.config import WorldModelConfig
 
@@ -82,6 +82,7 @@ class LogDataModule(L.LightningDataModule):
         self.normalizer: Normalizer | None = None
         self.train_ids: list[int] = []
         self.val_ids: list[int] = []
+        self.val_lengths: list[int] = []  # step views (steps + 1) of the held-out episodes
         self.channels: dict = {}
         self.image_spec: dict = {}
         self._train_sampler = self._val_sampler = None
@@ -115,7 +116,8 @@ class LogDataModule(L.LightningDataModule):
             # stds only), so that all folds' scores live in the same normalised units and pool.
             fit_ids = ids if c.folds else self.train_ids
             self.normalizer = Normalizer.fit(log.episodes(fit_ids, groups=False), meta)
-            val_steps = sum(log.num_steps(i) + 1 for i in self.val_ids)
+            self.val_lengths = [log.num_steps(i) + 1 for i in self.val_ids]
+            val_steps = sum(self.val_lengths)
             specs = log.group_specs(ids[0])
         self.image_spec = image_spec(specs, self.log_path) if c.images else {}
         self.channels = {
@@ -130,6 +132,16 @@ class LogDataModule(L.LightningDataModule):
         self._train_sampler = WindowSampler(self.log_path, self.train_ids, self.normalizer, c.seq_len)
         if self.val_ids and val_steps >= c.seq_len:
             self._val_sampler = WindowSampler(self.log_path, self.val_ids, self.normalizer, c.seq_len)
+
+    def openloop_geometry(self) -> tuple[int, int]:
+        """(context, window length) of the held-out open-loop windows: the asked
+        `openloop_context` + its longest horizon, shrunk by the check's rule
+        (datasets.windows.fitted_geometry) until a window fits the median held-out episode, so
+        that the quality card and the stopping metric rest on at least half of the held-out
+        episodes and on the geometry calibration will choose."""
+        c = self.cfg
+        context, horizon = fitted_geometry(self.val_lengths, c.openloop_context, max(c.openloop_horizons))
+        return context, context + horizon
 
     def model_config(self, base: WorldModelConfig) -> WorldModelConfig:
         """`base` sized for this log: its observation / action / input dimensions and camera groups
@@ -174,7 +186,7 @@ class LogDataModule(L.LightningDataModule):
             return (None, None) if with_episodes else None
         c = self.cfg
         windows = windows or c.openloop_windows
-        length = length or (c.openloop_context + max(c.openloop_horizons))
+        length = min(length or (c.openloop_context + max(c.openloop_horizons)), self.openloop_geometry()[1])
         sampler = self._val_sampler or WindowSampler(self.log_path, self.val_ids, self.normalizer, 1)
         episodes = [(i, b) for i, b in enumerate(sampler.episodes()) if b.obs.shape[1] > c.openloop_context + 1]
         if not episodes:

@@ -22,6 +22,7 @@ validation split the exported model is the best checkpoint's, not the last step'
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from wmcheck.datasets.atomic import remove_stale_temporaries, write_text_atomic
@@ -95,6 +97,17 @@ def train(
     t = run_config.train
     dm = LogDataModule(log_path, t)
     dm.prepare()  # validates the log, splits episodes, fits the normaliser (errors are UserErrors)
+    context = dm.openloop_geometry()[0]
+    if context != t.openloop_context:  # held-out episodes too short to observe the asked context first
+        if not relaunched_rank():
+            print(
+                f"the held-out episodes' median length is {int(np.median(dm.val_lengths))} steps: the open-loop "
+                f"metrics and the quality card observe {context} steps (not {t.openloop_context}) before imagining",
+                flush=True,
+            )
+        t = dataclasses.replace(t, openloop_context=context)
+        run_config = dataclasses.replace(run_config, train=t)
+        dm.cfg = t
     try:
         model_cfg = dm.model_config(run_config.model)
     except ValueError as exc:  # e.g. frames whose size does not fit the CNN stages
@@ -281,12 +294,18 @@ def refuse_other_run(out: Path, run_config: RunConfig, data_hash: str) -> None:
 LOCK_FILE = ".train.lock"
 
 
+def relaunched_rank() -> bool:
+    """True in the processes Lightning re-launches for the other devices of a run (LOCAL_RANK or
+    NODE_RANK set, not 0): they share their rank 0's folder lock and print nothing of their own."""
+    return bool(int(os.environ.get("LOCAL_RANK", "0") or 0) or int(os.environ.get("NODE_RANK", "0") or 0))
+
+
 @contextlib.contextmanager
 def run_lock(out: Path):
     """Exclusive use of RUNDIR by one `train` (datasets/folder_lock.py: its PID and host in
     RUNDIR/.train.lock, a stale lock taken over). The other processes of a multi-device run
     (Lightning re-launches the script with LOCAL_RANK set) share their rank 0's."""
-    if int(os.environ.get("LOCAL_RANK", "0") or 0) or int(os.environ.get("NODE_RANK", "0") or 0):
+    if relaunched_rank():
         yield
         return
     with folder_lock(out, LOCK_FILE, "wmcheck train", "wait for it to finish, or train into another --out folder"):
