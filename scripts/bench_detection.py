@@ -143,8 +143,16 @@ def record(
 _BASELINE_CACHE: dict = {}
 
 
+def _block_length(run_dir: Path) -> int:
+    """The steps of the run's calibrated blocks (calibration fits them to short held-out episodes:
+    CheckConfig.fitted_to), which the baselines test as the check does."""
+    cfg = json.loads((run_dir / "calibration.json").read_text())["config"]
+    return int(cfg["context"]) + int(cfg["horizon"])
+
+
 def _baselines(run_dir: Path, log_path: Path):
-    """(norm, held-out real episodes, fitted MLP and ARX baselines) for a run, built once per process."""
+    """(norm, held-out real episodes, fitted MLP and ARX baselines, block length) for a run, built
+    once per process."""
     key = str(run_dir)
     if key not in _BASELINE_CACHE:
         bundle = load_model(run_dir)
@@ -153,12 +161,13 @@ def _baselines(run_dir: Path, log_path: Path):
         with open_log(log_path) as log:
             train_ids, val_ids = split_episodes(log.episode_ids, t["val_fraction"], t["seed"])
             tr, held = list(log.episodes(train_ids)), list(log.episodes(val_ids))
-        block = CHECK_CONFIG.context + CHECK_CONFIG.horizon
+        block = _block_length(run_dir)
         _BASELINE_CACHE[key] = (
             norm,
             held,
             MLPBaseline(tr, held, norm, block=block, seed=0),
             ARXBaseline(tr, held, norm, block=block),
+            block,
         )
     return _BASELINE_CACHE[key]
 
@@ -182,11 +191,10 @@ def run_one(
         path,
         "policy" if job.policy.startswith("controller:") else "sim",
     )
-    norm, held, mlp, arx = _baselines(run_dir, log_path)
+    norm, held, mlp, arx, block = _baselines(run_dir, log_path)
     with open_log(path) as log:
         checked = list(log)
     alpha = CHECK_CONFIG.alpha
-    block = CHECK_CONFIG.context + CHECK_CONFIG.horizon
     if any(e.num_steps >= block for e in checked):
         base = {
             "mmd": mmd_baseline(held, checked, norm, block=block, seed=job.seed),
