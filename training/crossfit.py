@@ -83,6 +83,7 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
         )
     from wmcheck.datasets.logformat import open_log
     from wmcheck.datasets.split import fold_of
+    from wmcheck.datasets.windows import fitted_geometry
     from wmcheck.training.checkpoint import file_sha256
 
     with open_log(log_path) as log:
@@ -90,6 +91,14 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
             folds_of = fold_of(log.episode_ids, t.folds, t.seed)  # what every fold's datamodule uses
         except ValueError as exc:
             raise UserError(f"{log_path}: {exc}", "pass a smaller --folds (2 at least) or log more episodes") from None
+        lengths = [log.num_steps(i) + 1 for i in log.episode_ids]
+    # every episode is held out once: one open-loop context for all folds, fitted to them all, so
+    # that the pooled card's folds observe the same steps (a fold's own train() shrinks it further
+    # only where its held-out median is shorter still)
+    t = dataclasses.replace(
+        t, openloop_context=fitted_geometry(lengths, t.openloop_context, max(t.openloop_horizons))[0]
+    )
+    run_config = dataclasses.replace(run_config, train=t)
     results = []
     for k in range(t.folds):
         rc = dataclasses.replace(run_config, train=dataclasses.replace(t, fold=k))
@@ -177,7 +186,7 @@ def pooled_card(cards: list[QualityCard]) -> QualityCard:
 
     first = cards[0]
     return QualityCard(
-        context=first.context,
+        context=min(c.context for c in cards),  # the same in every fold unless one's held-out episodes were shorter
         train_episodes=int(round(float(np.mean([c.train_episodes for c in cards])))),
         heldout_episodes=int(w.sum()),
         windows=int(sum(c.windows for c in cards)),
