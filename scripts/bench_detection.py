@@ -144,10 +144,11 @@ _BASELINE_CACHE: dict = {}
 
 
 def _block_length(run_dir: Path) -> int:
-    """The steps of the run's calibrated blocks (calibration fits them to short held-out episodes:
-    CheckConfig.fitted_to), which the baselines test as the check does."""
+    """The transitions of the run's calibrated blocks (calibration fits them to short held-out
+    episodes: CheckConfig.fitted_to), which the baselines test as the check does: a block of
+    context + horizon observations spans one transition fewer."""
     cfg = json.loads((run_dir / "calibration.json").read_text())["config"]
-    return int(cfg["context"]) + int(cfg["horizon"])
+    return int(cfg["context"]) + int(cfg["horizon"]) - 1
 
 
 def _baselines(run_dir: Path, log_path: Path):
@@ -803,6 +804,9 @@ def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
         "reality": reality.describe(),
         "reality_profile": reality.to_dict(),
         "check_config": CHECK_CONFIG.to_dict(),
+        "calibrated_geometry": {
+            k: json.loads((run_dir / "calibration.json").read_text())["config"][k] for k in ("context", "horizon")
+        },
         "calibration_blocks": cal_info["blocks"],
         "calibration_warning": cal_info.get("warning"),
         "training": {

@@ -198,7 +198,7 @@ def test_a_hopper_that_falls_within_a_block_is_trained_calibrated_and_checked_on
     assert train_cfg["openloop_context"] == card["context"] < 16, (train_cfg["openloop_context"], card["context"])
     assert card["heldout_episodes"] >= 20, card["heldout_episodes"]  # not the one longest held-out episode
     cal = json.loads((run / "calibration.json").read_text())
-    assert (cal["config"]["context"], cal["config"]["horizon"]) == (8, 8), cal["config"]
+    assert cal["config"]["horizon"] == 8 and 4 <= cal["config"]["context"] < 16, cal["config"]
     late = record_reality(
         "Hopper-v5", dataclasses.replace(reality, latency_steps=3), "hold:5", episodes=16, max_steps=200, seed=100
     )

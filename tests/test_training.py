@@ -411,3 +411,34 @@ def test_a_resume_with_another_split_or_log_is_refused_and_changes_nothing(pendu
     assert {p.name: p.read_bytes() for p in (out / "config.json", out / "data.json")} == before
     # a schedule change is a resume, not another run
     assert train(pendulum_log, out, build_run_config(_tiny(max_steps=6, lr=5e-4))).steps == 6
+
+
+def test_the_open_loop_context_fits_held_out_episodes_that_fall_within_a_window(tmp_path):
+    """Hopper-v5 under held random torques falls within 7-40 steps: the asked 16 observed steps
+    leave no window to imagine in. The data module fits its open-loop context to the median
+    held-out episode when it is prepared (datasets.windows.fitted_geometry), so a module built from
+    it (the Lightning path, without `train`) evaluates windows that are longer than their context,
+    on many held-out episodes, not the one longest."""
+    from wmcheck.checks.reality import RealityProfile, record_reality
+    from wmcheck.datasets.episode import LogMeta
+    from wmcheck.datasets.logformat import write_log
+    from wmcheck.datasets.windows import MIN_HORIZON
+    from wmcheck.training.module import WorldModelModule
+
+    eps = record_reality("Hopper-v5", RealityProfile(), "hold:5", episodes=60, max_steps=200, seed=3)
+    meta = LogMeta(
+        source="real", dt=0.008, observation_names=[f"obs{i}" for i in range(11)], action_names=["a0", "a1", "a2"]
+    )
+    write_log(tmp_path / "hop.h5", eps, meta)
+    dm = LogDataModule(tmp_path / "hop.h5", TrainConfig(preset="debug", seq_len=16, batch_size=8))
+    dm.prepare()
+    median = int(np.median(dm.val_lengths))
+    assert median < 16 + MIN_HORIZON  # the asked context could not be observed and imagined from
+    context = dm.cfg.openloop_context
+    assert context < 16 and context + MIN_HORIZON <= median, (context, median)
+    seq, which = dm.openloop_sequence(with_episodes=True)
+    assert seq.obs.shape[1] == context + MIN_HORIZON and len(set(which.tolist())) >= len(dm.val_ids) // 3
+    module = WorldModelModule.from_datamodule(dm)
+    assert module.run_config.train.openloop_context == context
+    res = evaluate_openloop(module.model, seq, context, (1, 4, 64))  # a context of 16 raised here
+    assert len(res.step_nrmse) == MIN_HORIZON and np.isfinite(res.step_nrmse).all()

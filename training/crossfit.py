@@ -93,8 +93,8 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
             raise UserError(f"{log_path}: {exc}", "pass a smaller --folds (2 at least) or log more episodes") from None
         lengths = [log.num_steps(i) + 1 for i in log.episode_ids]
     # every episode is held out once: one open-loop context for all folds, fitted to them all, so
-    # that the pooled card's folds observe the same steps (a fold's own train() shrinks it further
-    # only where its held-out median is shorter still)
+    # that the pooled card's folds observe the same steps (a fold's data module keeps it:
+    # LogDataModule.prepare, so finished folds are recognised on resume)
     t = dataclasses.replace(
         t, openloop_context=fitted_geometry(lengths, t.openloop_context, max(t.openloop_horizons))[0]
     )
@@ -186,7 +186,7 @@ def pooled_card(cards: list[QualityCard]) -> QualityCard:
 
     first = cards[0]
     return QualityCard(
-        context=min(c.context for c in cards),  # the same in every fold unless one's held-out episodes were shorter
+        context=first.context,  # the same in every fold (train_folds fits it once)
         train_episodes=int(round(float(np.mean([c.train_episodes for c in cards])))),
         heldout_episodes=int(w.sum()),
         windows=int(sum(c.windows for c in cards)),

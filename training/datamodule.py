@@ -25,7 +25,7 @@ from wmcheck.datasets.logformat import open_log
 from wmcheck.datasets.normalize import Normalizer
 from wmcheck.datasets.split import training_split
 from wmcheck.datasets.validate import validate_log
-from wmcheck.datasets.windows import Batch, WindowSampler, fitted_geometry
+from wmcheck.datasets.windows import MIN_HORIZON, Batch, WindowSampler, fitted_geometry
 from wmcheck.training.config import TrainConfig
 from wmcheck.worldmodel.config import WorldModelConfig
 
@@ -119,6 +119,8 @@ class LogDataModule(L.LightningDataModule):
             self.val_lengths = [log.num_steps(i) + 1 for i in self.val_ids]
             val_steps = sum(self.val_lengths)
             specs = log.group_specs(ids[0])
+        if not c.folds:  # a cross-fitted fold keeps the context train_folds fitted to every episode
+            self.cfg = c = dataclasses.replace(c, openloop_context=self.openloop_geometry()[0])
         self.image_spec = image_spec(specs, self.log_path) if c.images else {}
         self.channels = {
             "observation_names": self.normalizer.names["obs"],
@@ -138,7 +140,9 @@ class LogDataModule(L.LightningDataModule):
         `openloop_context` + its longest horizon, shrunk by the check's rule
         (datasets.windows.fitted_geometry) until a window fits the median held-out episode, so
         that the quality card and the stopping metric rest on at least half of the held-out
-        episodes and on the geometry calibration will choose."""
+        episodes and on the geometry calibration will choose. `prepare` fits the config's
+        `openloop_context` to it (the rule is idempotent), so every user of `cfg` (the module, its
+        metrics, the card) observes the same steps."""
         c = self.cfg
         context, horizon = fitted_geometry(self.val_lengths, c.openloop_context, max(c.openloop_horizons))
         return context, context + horizon
@@ -187,6 +191,7 @@ class LogDataModule(L.LightningDataModule):
         c = self.cfg
         windows = windows or c.openloop_windows
         length = min(length or (c.openloop_context + max(c.openloop_horizons)), self.openloop_geometry()[1])
+        length = max(length, c.openloop_context + MIN_HORIZON)  # a fold's shorter episodes: fewer windows, not none
         sampler = self._val_sampler or WindowSampler(self.log_path, self.val_ids, self.normalizer, 1)
         episodes = [(i, b) for i, b in enumerate(sampler.episodes()) if b.obs.shape[1] > c.openloop_context + 1]
         if not episodes:

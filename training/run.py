@@ -97,17 +97,16 @@ def train(
     t = run_config.train
     dm = LogDataModule(log_path, t)
     dm.prepare()  # validates the log, splits episodes, fits the normaliser (errors are UserErrors)
-    context = dm.openloop_geometry()[0]
-    if context != t.openloop_context:  # held-out episodes too short to observe the asked context first
+    if dm.cfg.openloop_context != t.openloop_context:  # prepare fitted it: held-out episodes too short
         if not relaunched_rank():
             print(
                 f"the held-out episodes' median length is {int(np.median(dm.val_lengths))} steps: the open-loop "
-                f"metrics and the quality card observe {context} steps (not {t.openloop_context}) before imagining",
+                f"metrics and the quality card observe {dm.cfg.openloop_context} steps (not {t.openloop_context}) "
+                "before imagining",
                 flush=True,
             )
-        t = dataclasses.replace(t, openloop_context=context)
+        t = dm.cfg
         run_config = dataclasses.replace(run_config, train=t)
-        dm.cfg = t
     try:
         model_cfg = dm.model_config(run_config.model)
     except ValueError as exc:  # e.g. frames whose size does not fit the CNN stages
