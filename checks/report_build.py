@@ -1188,7 +1188,17 @@ def power_sentence(power: dict, alpha: float) -> str:
             if rate is not None and rate > alpha
             else ""
         )
+        + " "
+        + DYNAMICS_POWER_UNMEASURED
     )
+
+
+DYNAMICS_POWER_UNMEASURED = (
+    "The dynamics row's power is not measured: the physics of real logs cannot be changed to inject a "
+    "gap, so this pass does not bound the dynamics gap it could have missed."
+)
+"""Said with every pass's power: calibration injects command, sensor and smoothing gaps into held-out
+real episodes (power.POWER_SIZES), never a change of the plant's own physics."""
 
 
 def ending_pass_sentence(g: GapEvidence) -> str:
