@@ -762,7 +762,8 @@ def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
         print(f"[{spec.name}] calibrating" + (f" (+{extra} extra real episodes)" if extra else ""), flush=True)
         calibrate(run_dir, log_path, CHECK_CONFIG, verbose=False, extra_real=[extra_path] if extra else None)
     t_cal = time.perf_counter() - t2
-    cal_info = json.loads((run_dir / "calibration.json").read_text())["info"]
+    cal_json = json.loads((run_dir / "calibration.json").read_text())
+    cal_info = cal_json["info"]
     obs_std = Normalizer.from_dict(load_model(run_dir).normalizer).std["obs"].astype(float)
 
     jobs = [_replicate_job(j, replicate) for j in jobs_for(spec, reality, obs_std)]
@@ -804,9 +805,7 @@ def run_system(spec: SystemSpec, work: Path, args, replicate: int = 0) -> dict:
         "reality": reality.describe(),
         "reality_profile": reality.to_dict(),
         "check_config": CHECK_CONFIG.to_dict(),
-        "calibrated_geometry": {
-            k: json.loads((run_dir / "calibration.json").read_text())["config"][k] for k in ("context", "horizon")
-        },
+        "calibrated_geometry": {k: cal_json["config"][k] for k in ("context", "horizon")},
         "calibration_blocks": cal_info["blocks"],
         "calibration_warning": cal_info.get("warning"),
         "training": {

@@ -83,8 +83,8 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
         )
     from wmcheck.datasets.logformat import open_log
     from wmcheck.datasets.split import fold_of
-    from wmcheck.datasets.windows import fitted_geometry
     from wmcheck.training.checkpoint import file_sha256
+    from wmcheck.training.datamodule import openloop_geometry
 
     with open_log(log_path) as log:
         try:
@@ -95,9 +95,7 @@ def train_folds(log_path, out: Path, run_config, resume: bool = True, on_fold=No
     # every episode is held out once: one open-loop context for all folds, fitted to them all, so
     # that the pooled card's folds observe the same steps (a fold's data module keeps it:
     # LogDataModule.prepare, so finished folds are recognised on resume)
-    t = dataclasses.replace(
-        t, openloop_context=fitted_geometry(lengths, t.openloop_context, max(t.openloop_horizons))[0]
-    )
+    t = dataclasses.replace(t, openloop_context=openloop_geometry(t, lengths)[0])
     run_config = dataclasses.replace(run_config, train=t)
     results = []
     for k in range(t.folds):

@@ -143,9 +143,7 @@ class LogDataModule(L.LightningDataModule):
         episodes and on the geometry calibration will choose. `prepare` fits the config's
         `openloop_context` to it (the rule is idempotent), so every user of `cfg` (the module, its
         metrics, the card) observes the same steps."""
-        c = self.cfg
-        context, horizon = fitted_geometry(self.val_lengths, c.openloop_context, max(c.openloop_horizons))
-        return context, context + horizon
+        return openloop_geometry(self.cfg, self.val_lengths)
 
     def model_config(self, base: WorldModelConfig) -> WorldModelConfig:
         """`base` sized for this log: its observation / action / input dimensions and camera groups
@@ -207,6 +205,14 @@ class LogDataModule(L.LightningDataModule):
             which.append(i)
         batch = Batch.concat(picks).to_torch()
         return (batch, np.array(which)) if with_episodes else batch
+
+
+def openloop_geometry(t: TrainConfig, lengths: list[int]) -> tuple[int, int]:
+    """(context, window length) of open-loop windows over episodes of `lengths` steps (step views):
+    `t.openloop_context` + its longest horizon, fitted by datasets.windows.fitted_geometry. One
+    place for the data module's held-out windows and for cross-fitting's one context of all folds."""
+    context, horizon = fitted_geometry(lengths, t.openloop_context, max(t.openloop_horizons))
+    return context, context + horizon
 
 
 WINDOW_STREAMS = {"card": 777, "stop": 778}
