@@ -52,7 +52,7 @@ from wmcheck.training.conformal import LEVEL, cross_fitted_inside, fit_spread_sc
 from wmcheck.training.crossfit import read_crossfit, single_model_run
 from wmcheck.training.quality import compute_card, read_card, write_card
 
-CALIBRATION_VERSION = 13  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
+CALIBRATION_VERSION = 14  # 2: per-step errors and controls (regimes); 3: episode of every block (clustered tests);
 
 
 # 4: searches stored per kind (C, G, n), power entries with named fields; 5: conformal spread scale;
@@ -64,7 +64,8 @@ CALIBRATION_VERSION = 13  # 2: per-step errors and controls (regimes); 3: episod
 # the power table's episode t with the pooled variance (stats.episode_t); 12: the blocks of an episode that
 # terminates run back from its termination, and the blocks that end there are marked (real_ending; blocks.py);
 # the model's end probability at the held-out real terminations (info real_endings, endings.py); 13: the
-# held-out episodes' steps run on after an expected end (info real_endings held_out_run_on, endings.py)
+# held-out episodes' steps run on after an expected end (info real_endings held_out_run_on, endings.py);
+# 14: the power set's motion gaps, the dynamics row's power (power.MOTION_GAPS)
 @dataclass
 class Calibration:
     config: CheckConfig

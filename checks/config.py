@@ -24,7 +24,16 @@ POLICY_GATE_DEFAULTS = {"min_episodes": 1000, "min_success_rate": 0.85}
 """Field practice before hardware time: >= 1,000 simulator episodes across the task distribution,
 simulator success rate >= 85%."""
 GAPS = ("visual", "latency", "actuator", "sensor_noise", "dynamics", "ending", "distribution")
-POWER_GAPS = ("latency", "actuator", "sensor_noise", "sensor_bias", "obs_scale", "smoothing")
+POWER_GAPS = (
+    "latency",
+    "actuator",
+    "sensor_noise",
+    "sensor_bias",
+    "obs_scale",
+    "smoothing",
+    "motion_larger",
+    "motion_smaller",
+)
 """The gap types the power table injects (power.POWER_SIZES), which a pass needs power on."""
 POWERED_GAPS = POWER_GAPS + ("ending",)
 """What a pass needs power on: the power table's types, and the ending row's best case in the check
@@ -259,8 +268,9 @@ class Gate:
     allow_unverifiable: let unverifiable episodes pass (exit 0) — the report still says so
     require_power:      the gap types a pass needs power on (default: every type of the power table
                         that applies: latency (with command or input channels), actuator (with
-                        command channels), sensor_noise, sensor_bias, obs_scale, smoothing, and
-                        ending (its best case in this check, endings.EndingPower)); a run that
+                        command channels), sensor_noise, sensor_bias, obs_scale, smoothing,
+                        motion_larger and motion_smaller (the dynamics row's), and ending (its
+                        best case in this check, endings.EndingPower)); a run that
                         finds nothing but could not have seen a required type is `inconclusive`
                         (exit 3). Listing fewer accepts a partial pass.
     policy:             {min_episodes, min_success_rate} for closed-loop policy checks (`--policy`).

@@ -26,6 +26,7 @@ from wmcheck.checks.evidence import CheckEvidence, GapEvidence
 from wmcheck.checks.scoring import BlockScores, score_blocks
 from wmcheck.checks.transforms import (
     actuator,
+    horizon_motion,
     observation_noise,
     observation_scale,
     observation_smoothing,
@@ -43,7 +44,12 @@ POWER_SIZES = {
     "sensor_bias": (0.1, 0.25, 0.5, 1.0),  # bias, x each channel's training std
     "obs_scale": (1.02, 1.05, 1.1, 1.25),  # every observation x size: a proportional bias (fuel 10 % high)
     "smoothing": (3, 5, 9, 17),  # centred moving average over size steps: a simulator cleaner than reality
+    "motion_larger": (1.1, 1.25, 1.5, 2.0),  # the horizon moves size x as far as reality's (transforms.horizon_motion)
+    "motion_smaller": (0.9, 0.8, 0.67, 0.5),  # ... or as little: a plant that responds less (more damped, slower)
 }
+MOTION_GAPS = ("motion_larger", "motion_smaller")
+"""The dynamics row's power: the plant's physics cannot be changed in a real log, but how far it
+moves over a block's horizon can (transforms.horizon_motion, on the cut blocks), in both directions."""
 assert tuple(POWER_SIZES) == POWER_GAPS, "config.POWER_GAPS names the power table's gap types"
 POWER_UNITS = {
     "latency": "steps",
@@ -52,6 +58,8 @@ POWER_UNITS = {
     "sensor_bias": "x channel std",
     "obs_scale": "x observation",
     "smoothing": "steps (moving average)",
+    "motion_larger": "x reality's motion over the horizon",
+    "motion_smaller": "x reality's motion over the horizon",
 }
 
 
@@ -210,8 +218,9 @@ def effective_blocks(cal: Calibration, n_blocks: int) -> int:
 
 POWER_CACHE = "power_cache.json"
 """RUNDIR/power_cache.json: power tables already computed for this calibration, by check size."""
-POWER_TABLE_VERSION = 3  # 2: the actuator score test has a cell of one gain on every channel (sysid.COMMON_GAIN);
-# 3: the blocks that end at a termination are left out of the divergence tests (divergence.py)
+POWER_TABLE_VERSION = 4  # 2: the actuator score test has a cell of one gain on every channel (sysid.COMMON_GAIN);
+# 3: the blocks that end at a termination are left out of the divergence tests (divergence.py);
+# 4: the dynamics row's motion gaps (MOTION_GAPS)
 """Bumped when a test the power table replays changes, so that a cache written by older code is not
 read (a cache from before the version was recorded has none, and is not read either)."""
 
@@ -505,11 +514,16 @@ def injected_power(
         control_ending=blocks.ending[~in_a],
     )
     cells = CellLayout(norm.mean["obs"].shape[0], regime_edges(block_controls(blocks)), response=True)
+    blocks_b = blocks.subset(np.flatnonzero(~in_a))  # half B's blocks, as the control was scored
     for g, (gap, sizes) in enumerate(POWER_SIZES.items()):
         entries = []
         for size in sizes:
-            inj = _inject(gap, size, half_b, norm, np.random.default_rng([cfg.seed, g]))
-            inj_blocks = make_blocks(inj, norm, cfg.context, cfg.horizon)
+            inj = half_b
+            if gap in MOTION_GAPS:  # on the cut blocks: the context stays real
+                inj_blocks = horizon_motion(blocks_b, size)
+            else:
+                inj = _inject(gap, size, half_b, norm, np.random.default_rng([cfg.seed, g]))
+                inj_blocks = make_blocks(inj, norm, cfg.context, cfg.horizon)
             assert np.array_equal(inj_blocks.episode, ps.control_episode), "injection changed the block layout"
             sc = score_blocks(model, inj_blocks, cfg.samples, seed=cfg.seed, spread_scale=spread)
             entry = PowerEntry({s: getattr(sc, s) for s in POWER_SCORES})

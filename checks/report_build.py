@@ -1163,6 +1163,13 @@ def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:
     )
 
 
+def size_bound(row: dict) -> str:
+    """ ">=" for a power series whose sizes grow with the gap, "<=" for one whose sizes fall
+    (motion_smaller: 0.9 down to 0.5 x reality's motion)."""
+    sizes = [float(x) for x in row.get("sizes", [])]
+    return "<=" if len(sizes) > 1 and sizes[-1] < sizes[0] else ">="
+
+
 def power_sentence(power: dict, alpha: float) -> str:
     if not power:
         return "Its power was not measured: calibration needs at least 2 held-out real episodes to inject gaps into."
@@ -1173,7 +1180,9 @@ def power_sentence(power: dict, alpha: float) -> str:
             f"differ among themselves ({rate:.0%} detected); hold out more real episodes."
         )
     worth = [
-        f"{g} >= {p['smallest_detected']} {p['units']}" for g, p in power.items() if p["smallest_detected"] is not None
+        f"{g} {size_bound(p)} {p['smallest_detected']} {p['units']}"
+        for g, p in power.items()
+        if p["smallest_detected"] is not None
     ]
     undetectable = [g for g, p in power.items() if p["smallest_detected"] is None]
     rate = next(iter(power.values())).get("control_detection")
@@ -1189,16 +1198,18 @@ def power_sentence(power: dict, alpha: float) -> str:
             else ""
         )
         + " "
-        + DYNAMICS_POWER_UNMEASURED
+        + DYNAMICS_POWER_SCOPE
     )
 
 
-DYNAMICS_POWER_UNMEASURED = (
-    "The dynamics row's power is not measured: the physics of real logs cannot be changed to inject a "
-    "gap, so this pass does not bound the dynamics gap it could have missed."
+DYNAMICS_POWER_SCOPE = (
+    "The dynamics row's power is measured as a plant that moves more or less than reality over a block "
+    "(motion_larger, motion_smaller: the held-out real horizons' motion scaled); a change of the physics "
+    "that keeps how far the plant moves over a block (a hopper that topples as soon under more gravity) "
+    "is not bounded by this pass."
 )
-"""Said with every pass's power: calibration injects command, sensor and smoothing gaps into held-out
-real episodes (power.POWER_SIZES), never a change of the plant's own physics."""
+"""Said with every pass's power: the physics of a real log cannot be changed, so the dynamics row's
+injected gaps are the real horizons' motion scaled (power.MOTION_GAPS), not every physics change."""
 
 
 def ending_pass_sentence(g: GapEvidence) -> str:

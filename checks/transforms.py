@@ -13,6 +13,12 @@ Owns pure functions Episode -> Episode (raw units; nothing here knows the model)
   observation_scale(ep, f)  observations x f (a proportional bias: fuel use 10 % too high)
   observation_smoothing(ep, w)  centred moving average over w steps (a simulator cleaner than
                             reality: noise removed, with some of the fast dynamics)
+and one function of cut blocks (checks.blocks.Blocks, normalised; it is affine, so the units do
+not matter):
+  horizon_motion(blocks, k) every block's open-loop part moves k times as far from its last
+                            observed state as reality's did (a plant that responds more or less
+                            to the same commands and conditions: the dynamics gap the power table
+                            injects)
 """
 
 from __future__ import annotations
@@ -108,3 +114,20 @@ def observation_smoothing(ep: Episode, window: int) -> Episode:
     lo, hi = np.maximum(t - half, 0), np.minimum(t + half + 1, len(obs))
     out = (csum[hi] - csum[lo]) / (hi - lo)[:, None]
     return _replace(ep, observations=out.astype(np.float32))
+
+
+def horizon_motion(blocks, factor: float):
+    """The same blocks with every observation of the horizon (t >= C) moved to
+    x[C-1] + factor * (x[t] - x[C-1]): the context, the controls and the episode layout stay real,
+    and over the horizon the plant goes `factor` times as far from where the model last saw it as
+    reality went (a faster, stiffer or less damped plant for factor > 1, a slower or more damped
+    one below). Normalisation is affine per channel, so the same factor holds in raw units."""
+    from wmcheck.checks.blocks import Blocks
+
+    C = blocks.context
+    b = blocks.batch.map(lambda x: x)  # the other arrays are shared, not copied
+    obs = blocks.batch.obs.astype(np.float64)  # (n, L, D)
+    anchor = obs[:, C - 1 : C]  # (n, 1, D) the last observed state
+    obs[:, C:] = anchor + float(factor) * (obs[:, C:] - anchor)
+    b.obs = obs.astype(blocks.batch.obs.dtype)
+    return Blocks(b, blocks.episode, blocks.start, C, dict(blocks.skipped), blocks.ending)

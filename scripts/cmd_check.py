@@ -23,7 +23,8 @@ def register(sub) -> None:
             "(nothing found, but the power table shows the check could not have seen some gap type: not a pass)."
         ),
         epilog="gate file keys: alpha, score_alpha{score: p}, tolerances{gap: {...}}, allow_unverifiable, "
-        "require_power[latency, actuator, sensor_noise, sensor_bias, obs_scale, smoothing, ending], "
+        "require_power[latency, actuator, sensor_noise, sensor_bias, obs_scale, smoothing, motion_larger, "
+        "motion_smaller, ending], "
         "policy{min_episodes (default 1000), min_success_rate (default 0.85)}: a policy check with a lower "
         "simulator success rate fails (not evaluated where the env defines no success); fewer episodes warn "
         "unless the gate file sets min_episodes",

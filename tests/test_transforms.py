@@ -40,3 +40,29 @@ def test_the_latency_shift_moves_commands_and_inputs_together():
     assert out.actions[0, 0] == 2 and out.inputs[0, 0] == 12
     assert out.actions[-1, 0] == 9 and out.inputs[-1, 0] == 19  # the edge is held
     assert shift_drivers(Episode(observations=ep.observations, actions=ep.actions), 1).inputs is None
+
+
+def test_horizon_motion_scales_how_far_the_horizon_moves_and_keeps_the_rest():
+    """The dynamics row's power injection: after the context, every observation is
+    x[C-1] + k (x[t] - x[C-1]); the context, the controls and the block layout stay real."""
+    from wmcheck.checks.blocks import make_blocks
+    from wmcheck.checks.transforms import horizon_motion
+    from wmcheck.datasets.normalize import Normalizer
+
+    eps = [_episode(n=60, seed=s) for s in range(3)]
+    for i, e in enumerate(eps):
+        e.id = i
+    norm = Normalizer.fit(eps)
+    blocks = make_blocks(eps, norm, context=4, horizon=8)
+    C = blocks.context
+    for k in (0.5, 2.0):
+        out = horizon_motion(blocks, k)
+        obs, ref = out.batch.obs, blocks.batch.obs
+        assert np.array_equal(obs[:, :C], ref[:, :C])  # the model observes the real context
+        anchor = ref[:, C - 1 : C]
+        assert np.allclose(obs[:, C:] - anchor, k * (ref[:, C:] - anchor), atol=1e-5)
+        assert np.array_equal(out.batch.prev_action, blocks.batch.prev_action)
+        assert np.array_equal(out.batch.prev_input, blocks.batch.prev_input)
+        assert np.array_equal(out.episode, blocks.episode) and np.array_equal(out.start, blocks.start)
+    assert not np.shares_memory(horizon_motion(blocks, 2.0).batch.obs, blocks.batch.obs)  # the input is kept
+    assert np.allclose(horizon_motion(blocks, 1.0).batch.obs, blocks.batch.obs)
