@@ -12,8 +12,6 @@ Per block (context C, horizon H, D channels):
                 std, with the calibration's conformal spread), continuity-corrected as
                 (outside + 0.5) / (H * D + 1) so that it is never 0 and its log is finite
   div_curve     (H,) the same per horizon step, averaged over channels
-  div_late      mean z^2 over the second half of the horizon (reported; the dynamics test uses
-                the growth of div_curve instead)
   nll           mean one-step predictive NLL over steps t >= C and channels (silent incoherence)
   nll_steps     (L - C,) the same per step (the runtime guard's rollback windows)
   kl            mean KL(post || prior) over steps t >= C (surprise of each transition)
@@ -50,7 +48,6 @@ class BlockScores:
     divergence: np.ndarray  # (n,)
     div_curve: np.ndarray  # (n, H)
     div_channel: np.ndarray  # (n, D)
-    div_late: np.ndarray  # (n,)
     nll: np.ndarray  # (n,)
     nll_channel: np.ndarray  # (n, D)
     nll_steps: np.ndarray  # (n, L - C) one-step NLL of every step t >= C, mean over channels (runtime guard)
@@ -176,7 +173,6 @@ def with_spread_scale(sc: BlockScores, scale: np.ndarray | None) -> BlockScores:
         divergence=exceedance_share((np.abs(z) > Z_LEVEL).sum((1, 2)), z[0].size),
         div_curve=z2.mean(2),
         div_channel=z2.mean(1),
-        div_late=z2[:, H // 2 :].mean((1, 2)),
     )
     if sc.pred_mean.ndim == 3:
         out["pred_lo"] = sc.pred_mean + s * (sc.pred_lo - sc.pred_mean)
@@ -228,12 +224,10 @@ def score_blocks(
             z2 = z.pow(2)
             parts["z_steps"].append(z.float())
             parts["err_steps"].append((truth - mean).float())
-            H = z2.shape[1]
             outside = (z.abs() > Z_LEVEL).sum((1, 2)).double().numpy()
             parts["divergence"].append(exceedance_share(outside, z[0].numel()))
             parts["div_curve"].append(z2.mean(2))
             parts["div_channel"].append(z2.mean(1))
-            parts["div_late"].append(z2[:, H // 2 :].mean((1, 2)))
             parts["pred_mean"].append(mean)
             lo, hi = torch.quantile(draws, torch.tensor([0.05, 0.95], dtype=draws.dtype), dim=0)  # one sort
             parts["pred_lo"].append(lo)
