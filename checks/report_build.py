@@ -1148,7 +1148,11 @@ def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:
             f"differ among themselves ({rate:.0%} detected)"
         ]
     else:
-        sizes = "; ".join(f"{g} up to {power[g]['sizes'][-1]} {power[g]['units']}" for g in table if g in power)
+        sizes = "; ".join(
+            f"{g} {'down' if size_bound(power[g]) == '<=' else 'up'} to {power[g]['sizes'][-1]} {power[g]['units']}"
+            for g in table
+            if g in power
+        )
         why = [f"no injected size of {', '.join(table)} was detected ({sizes})"]
     if "ending" in dec.missing_power:
         why.append(ending_power_words(ev.gaps["ending"]))

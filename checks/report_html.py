@@ -634,9 +634,11 @@ def render_html(report: dict) -> str:
     power_h = section(
         "What a pass is worth (power)",
         f"""<p>Detection probability of gaps injected into held-out real episodes, for a check of {pw["n_blocks"]} blocks, at
-the calibrated threshold; the last column is the smallest size detected with probability &ge;
+the calibrated threshold; the last column is the smallest gap detected (the smallest size, or the
+largest where the sizes fall, as in motion_smaller) with probability &ge;
 {pw["target"]:.0%}.{_power_note(pw)}</p>
-<table id="power-table"><tr><th>gap</th><th>units</th><th colspan="4">size: detection probability</th><th>smallest detected</th></tr>{power_rows}</table>""",
+<table id="power-table"><tr><th>gap</th><th>units</th><th colspan="4">size: detection probability</th>
+<th>smallest gap detected</th></tr>{power_rows}</table>""",
         "power",
     )
     body = f"""<p id="message">{e(s["message"])}</p>

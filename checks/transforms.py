@@ -121,7 +121,8 @@ def horizon_motion(blocks, factor: float):
     x[C-1] + factor * (x[t] - x[C-1]): the context, the controls and the episode layout stay real,
     and over the horizon the plant goes `factor` times as far from where the model last saw it as
     reality went (a faster, stiffer or less damped plant for factor > 1, a slower or more damped
-    one below). Normalisation is affine per channel, so the same factor holds in raw units."""
+    one below). Normalisation is affine per channel, so the same factor holds in raw units. Camera
+    frames, where a log has them, stay real: the visual row is not simulated in the power table."""
     from wmcheck.checks.blocks import Blocks
 
     C = blocks.context
