@@ -222,14 +222,7 @@ class _Moments:
         """weights (R, E) episode multiplicities, means (E, C) with NaN -> moments (R, C)."""
         v = np.isfinite(means)
         m0 = np.where(v, means, 0.0)
-        C = means.shape[1]
-        nsq = weights @ np.concatenate([v, m0, m0**2], 1)  # (R, 3C): one product for the three moments
-        return cls(nsq[:, :C], nsq[:, C : 2 * C], nsq[:, 2 * C :])
-
-    def minus(self, other: _Moments) -> _Moments:
-        """The moments of the episodes in `self` but not in `other` (a permutation's other side:
-        the totals of one row minus one side's moments, instead of a second product)."""
-        return _Moments(self.n - other.n, self.s - other.s, self.q - other.q)
+        return cls(weights @ v, weights @ m0, weights @ (m0**2))
 
     def mean(self) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -267,17 +260,23 @@ def welch(x: _Moments, y: _Moments, min_real: int = MIN_EPISODES) -> tuple[np.nd
 def welch_t(x: _Moments, y: _Moments, min_real: int = MIN_EPISODES) -> np.ndarray:
     """`welch`'s t alone, with fewer temporaries: what the permutation and bootstrap rows need, on
     (rows, cells) arrays where every temporary costs (the power table runs thousands of them).
-    Either side may be one row (1, C) broadcast against the other's rows."""
+    The same operations in the same order as `welch`, so the values are equal to the last bit: the
+    permutation null's ranks count exact ties (a split and its complement give t and -t), and a
+    different rounding would break them. Either side may be one row (1, C) broadcast against the
+    other's rows."""
+
+    def share(m: _Moments) -> np.ndarray:  # var / n, as _Moments.var() / n computes it
+        v = m.s**2
+        v /= m.n
+        np.subtract(m.q, v, out=v)
+        np.maximum(v, 0.0, out=v)
+        v /= m.n - 1
+        v /= m.n
+        return v
+
     with np.errstate(invalid="ignore", divide="ignore"):
-        mx, my = x.s / x.n, y.s / y.n
-        a = np.maximum(x.q - x.s * mx, 0.0)  # sum of squares about the mean, then / (n - 1) / n
-        a /= x.n - 1
-        a /= x.n
-        b = np.maximum(y.q - y.s * my, 0.0)
-        b /= y.n - 1
-        b /= y.n
-        se2 = a + b
-        t = mx - my
+        se2 = share(x) + share(y)
+        t = x.s / x.n - y.s / y.n
         t /= np.sqrt(se2)
     ok = (x.n >= MIN_EPISODES) & (y.n >= min_real) & (se2 > 0) & np.isfinite(t)
     return np.where(ok, t, 0.0)
@@ -358,9 +357,7 @@ def bias_test(
         perm = rng.permuted(np.tile(np.arange(ex + ey), (permutations, 1)), axis=1)  # (P, E)
         wx = np.zeros((permutations, ex + ey))
         np.put_along_axis(wx, perm[:, :ex], 1.0, 1)
-        side = _Moments.of(wx, pooled)
-        total = _Moments.of(np.ones((1, ex + ey)), pooled)  # (1, C), broadcast over the rows
-        null = np.abs(welch_t(side, total.minus(side)))  # (P, C)
+        null = np.abs(welch_t(_Moments.of(wx, pooled), _Moments.of(1.0 - wx, pooled)))  # (P, C)
     boot_t = None
     if boot_idx:
         boot_t = welch_t(_Moments.of(_boot_weights(checked_groups, boot_idx), mx), _Moments.of(ones_y, my))
@@ -484,8 +481,7 @@ def paired_bias_test(
         signs = rng.choice([-1.0, 1.0], size=(permutations, E))
         v = np.isfinite(m)
         m0 = np.where(v, m, 0.0)
-        # a sign flip changes only the sums: the counts and squares are the same row for every flip
-        flipped = _Moments(v.sum(0, dtype=float)[None], signs @ m0, (m0**2).sum(0)[None])
+        flipped = _Moments(np.ones((permutations, E)) @ v, signs @ m0, np.ones((permutations, E)) @ (m0**2))
         null = np.abs(one_sample(flipped)[0])  # (P, C)
     boot_t = one_sample(_Moments.of(_boot_weights(groups, boot_idx), m))[0] if boot_idx else None
     families = None if layout is None else layout.families()

@@ -200,10 +200,11 @@ def test_the_vectorised_welch_is_the_scalar_one(n_checked):
         assert np.isclose(t[c], d / s) and np.isclose(se[c], s) and np.isclose(df[c], f), (c, t[c], d / s, df[c], f)
 
 
-def test_the_permutation_rows_t_is_welchs_t():
-    """bias.welch_t (the permutation and bootstrap rows, in place, the other side as the totals
-    minus one side) gives welch's t on every row and cell, including cells that one side lacks or
-    holds in one episode only (t = 0 there)."""
+def test_the_permutation_rows_t_is_welchs_t_to_the_last_bit():
+    """bias.welch_t (the permutation and bootstrap rows, computed in place) gives welch's t exactly,
+    on every row and cell, including cells that one side lacks or holds in one episode only (t = 0
+    there): the permutation null's ranks count exact ties (with as many checked as real episodes a
+    split and its complement give t and -t), and another rounding would break them."""
     from wmcheck.checks.bias import _Moments, episode_cell_means, welch, welch_t
 
     rng = np.random.default_rng(3)
@@ -214,16 +215,16 @@ def test_the_permutation_rows_t_is_welchs_t():
     means = episode_cell_means(vals, groups)  # (12, 6)
     w = np.zeros((50, 12))
     perm = rng.permuted(np.tile(np.arange(12), (50, 1)), axis=1)
-    np.put_along_axis(w, perm[:, :5], 1.0, 1)
+    np.put_along_axis(w, perm[:, :6], 1.0, 1)
     side, other = _Moments.of(w, means), _Moments.of(1.0 - w, means)
-    total = _Moments.of(np.ones((1, 12)), means)
-    reference = welch(side, other)[0]
-    fast = welch_t(side, total.minus(side))
-    assert np.allclose(fast, reference, rtol=1e-10, atol=1e-12)
+    fast = welch_t(side, other)
+    assert np.array_equal(fast, welch(side, other)[0])
     assert np.all(fast[:, 1] == 0) and np.any(fast[:, 0] != 0)
+    # a split and its complement: exactly t and -t
+    assert np.array_equal(welch_t(other, side), -fast)
     # the bootstrap's form: resampled rows of one side against the other side's single row
     real = _Moments.of(np.ones((1, 12)), means + 0.3)
-    assert np.allclose(welch_t(side, real), welch(side, real)[0], rtol=1e-10, atol=1e-12)
+    assert np.array_equal(welch_t(side, real), welch(side, real)[0])
 
 
 @pytest.mark.parametrize("n_checked", [2, 4])
