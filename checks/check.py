@@ -497,7 +497,8 @@ def _report(
             "divergence_confounded": list(dec.divergence_confounded),
             "alpha": alpha,
             "tolerated_by_gate": dec.tolerated_by_gate,
-            "message": rb.message(dec, ev, rows, power, levels, pol),
+            "message": rb.message(dec, ev, rows, power, levels, pol)
+            + rb.short_episodes_sentence(blocks.skipped, len(inp.episodes), inp.cfg.context, inp.cfg.horizon),
             "unattributed": rb.unattributed_entry(dec, ev, rows),
         },
         "episodes": [rb.episode_entry(e, dec.episodes[e.id], inp.meta.dt) for e in ev.divergence.episodes],

@@ -1116,6 +1116,21 @@ def short_message(dec: Decision, ev: CheckEvidence, rows: dict, why: str, n: int
     )
 
 
+def short_episodes_sentence(skipped: dict, episodes: int, context: int, horizon: int) -> str:
+    """Said after the summary when some checked episodes are shorter than a block: the ending row
+    counts them, and the divergence and gap tests (and the power table's size) rest on the other
+    episodes' blocks. "" when none is."""
+    if not skipped:
+        return ""
+    lengths = sorted(int(v) for v in skipped.values())
+    return (
+        f" {len(skipped)} of the {episodes} checked episodes are shorter than a block ({context + horizon} steps: "
+        f"context {context} + horizon {horizon}; theirs hold {lengths[0]}-{lengths[-1]} observations) and hold no "
+        "block: the ending row counts them, and the divergence and gap tests rest on the other episodes' "
+        "blocks. Longer or more checked episodes give those tests more blocks."
+    )
+
+
 def inconclusive_sentence(dec: Decision, ev: CheckEvidence, power: dict) -> str:
     """R7 / R9: nothing was found, but the check could not have seen some required gap types, or
     the model is not good enough to judge."""

@@ -212,6 +212,12 @@ def test_a_hopper_that_falls_within_a_block_is_trained_calibrated_and_checked_on
     write_log(tmp_path / "same.h5", same, LogMeta(**{**meta.__dict__, "source": "sim"}))
     faithful = run_check(run, tmp_path / "same.h5", checked_policy="logs")
     assert faithful["verdict"] != "fail", faithful["summary"]
+    # most of these episodes fall before a block fits: the summary says how many, and what they hold
+    skipped = faithful["summary"]["skipped_short_episodes"]
+    assert len(skipped) >= 4, skipped
+    said = f"{len(skipped)} of the 16 checked episodes are shorter than a block ({cal['config']['context'] + 8} steps"
+    assert said in faithful["summary"]["message"], faithful["summary"]["message"]
+    assert "shorter than a block" not in report["summary"]["message"] or report["summary"]["skipped_short_episodes"]
 
 
 def test_a_simulator_that_ends_where_reality_does_not_fails_on_the_ending_row(pendulum, tmp_path):
