@@ -245,10 +245,9 @@ def welch(x: _Moments, y: _Moments, min_real: int = MIN_EPISODES) -> tuple[np.nd
     Bonferroni cell at |t| 11.5 >= 11.4. No exchangeability-based test of one episode against six
     can reach the gap tests' level (p >= 1/7), and the check then says so (inconclusive) instead."""
     nx, ny = x.n, y.n
-    vx, vy = x.var(), y.var()
     with np.errstate(invalid="ignore", divide="ignore"):
-        a = vx / nx
-        b = vy / ny
+        a = _mean_var(x)
+        b = _mean_var(y)
         se2 = a + b
         den = a**2 / np.maximum(nx - 1, 1) + b**2 / np.maximum(ny - 1, 1)
         df = np.where(den > 0, se2**2 / den, nx + ny - 2)
@@ -260,26 +259,28 @@ def welch(x: _Moments, y: _Moments, min_real: int = MIN_EPISODES) -> tuple[np.nd
 def welch_t(x: _Moments, y: _Moments, min_real: int = MIN_EPISODES) -> np.ndarray:
     """`welch`'s t alone, with fewer temporaries: what the permutation and bootstrap rows need, on
     (rows, cells) arrays where every temporary costs (the power table runs thousands of them).
-    The same operations in the same order as `welch`, so the values are equal to the last bit: the
-    permutation null's ranks count exact ties (a split and its complement give t and -t), and a
-    different rounding would break them. Either side may be one row (1, C) broadcast against the
-    other's rows."""
-
-    def share(m: _Moments) -> np.ndarray:  # var / n, as _Moments.var() / n computes it
-        v = m.s**2
-        v /= m.n
-        np.subtract(m.q, v, out=v)
-        np.maximum(v, 0.0, out=v)
-        v /= m.n - 1
-        v /= m.n
-        return v
-
+    It shares `welch`'s arithmetic (`_mean_var`, the same order), so the values are equal to the
+    last bit: the permutation null's ranks count exact ties (a split and its complement give t and
+    -t), and a different rounding would break them. Either side may be one row (1, C) broadcast
+    against the other's rows."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        se2 = share(x) + share(y)
-        t = x.s / x.n - y.s / y.n
+        se2 = _mean_var(x) + _mean_var(y)
+        t = x.mean() - y.mean()
         t /= np.sqrt(se2)
     ok = (x.n >= MIN_EPISODES) & (y.n >= min_real) & (se2 > 0) & np.isfinite(t)
     return np.where(ok, t, 0.0)
+
+
+def _mean_var(m: _Moments) -> np.ndarray:
+    """The variance of the episode means' mean, var / n, in place on one new array (errors of
+    0 / 0 are the caller's to silence): Welch's t's one place for it."""
+    v = m.s**2
+    v /= m.n
+    np.subtract(m.q, v, out=v)
+    np.maximum(v, 0.0, out=v)
+    v /= m.n - 1
+    v /= m.n
+    return v
 
 
 def pooled_se(x: _Moments, y: _Moments) -> tuple[np.ndarray, np.ndarray]:

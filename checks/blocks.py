@@ -51,11 +51,19 @@ class Blocks:
 
     def with_controls(self, prev_action: np.ndarray | None = None, prev_input: np.ndarray | None = None) -> Blocks:
         """The same blocks with replaced (normalised) controls (n, L, A) / (n, L, E)."""
+        return self._replaced(prev_action=prev_action, prev_input=prev_input)
+
+    def with_observations(self, obs: np.ndarray) -> Blocks:
+        """The same blocks with replaced (normalised) observations (n, L, D)."""
+        return self._replaced(obs=obs)
+
+    def _replaced(self, **arrays: np.ndarray | None) -> Blocks:
+        """A copy whose batch holds the given arrays (float32) instead of its own; the others are
+        shared, not copied."""
         b = self.batch.map(lambda x: x)
-        if prev_action is not None:
-            b.prev_action = prev_action.astype(np.float32)
-        if prev_input is not None:
-            b.prev_input = prev_input.astype(np.float32)
+        for name, value in arrays.items():
+            if value is not None:
+                setattr(b, name, value.astype(np.float32))
         return Blocks(b, self.episode, self.start, self.context, dict(self.skipped), self.ending)
 
     def windows(self, horizon: int) -> tuple[Blocks, np.ndarray]:

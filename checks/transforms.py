@@ -123,12 +123,8 @@ def horizon_motion(blocks, factor: float):
     reality went (a faster, stiffer or less damped plant for factor > 1, a slower or more damped
     one below). Normalisation is affine per channel, so the same factor holds in raw units. Camera
     frames, where a log has them, stay real: the visual row is not simulated in the power table."""
-    from wmcheck.checks.blocks import Blocks
-
     C = blocks.context
-    b = blocks.batch.map(lambda x: x)  # the other arrays are shared, not copied
     obs = blocks.batch.obs.astype(np.float64)  # (n, L, D)
     anchor = obs[:, C - 1 : C]  # (n, 1, D) the last observed state
     obs[:, C:] = anchor + float(factor) * (obs[:, C:] - anchor)
-    b.obs = obs.astype(blocks.batch.obs.dtype)
-    return Blocks(b, blocks.episode, blocks.start, C, dict(blocks.skipped), blocks.ending)
+    return blocks.with_observations(obs)
