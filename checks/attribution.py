@@ -342,33 +342,33 @@ def residual_evidence(
     """
     from statistics import NormalDist
 
-    from wmcheck.checks.stats import cluster_resample, episode_t, t_to_z
+    from wmcheck.checks.stats import cluster_resample, episode_t_columns, t_to_z_many
 
     gx, gy = (np.asarray(g) for g in groups)
     D = checked_std.shape[1]
     crit_sensor = NormalDist().inv_cdf(1 - sensor_share * alpha / (4 * D))  # share: the rest goes to smoothness
     crit_dyn = NormalDist().inv_cdf(1 - dynamics_share * alpha / D)  # share: the rest goes to the open-loop bias
-    log_real = np.log(np.maximum(real_std, 1e-12))
-    refs = {"level": log_real, "bias": real_mean, "colour": real_ac1}
+    ref = np.concatenate([np.log(np.maximum(real_std, 1e-12)), real_mean, real_ac1], 1)  # (m, 3D): level, bias, colour
+    stats = np.concatenate([np.log(np.maximum(checked_std, 1e-12)), checked_mean, checked_ac1], 1)  # (n, 3D)
 
-    def evidence(std, mu, ac1, g):
-        vals = {"level": np.log(np.maximum(std, 1e-12)), "bias": mu, "colour": ac1}
-        z = {k: np.array([t_to_z(*episode_t(vals[k][:, d], g, refs[k][:, d], gy)) for d in range(D)]) for k in refs}
-        coloured = (z["level"] > 0) & (z["colour"] > crit_dyn)  # (D,)
-        sensor = np.where(coloured, 0.0, np.maximum(np.abs(z["level"]), np.abs(z["bias"])) / crit_sensor)
-        dynamics = np.minimum(z["level"], z["colour"]) / crit_dyn
-        return sensor, dynamics, coloured  # (D,) each
+    # the episode t of every statistic and channel, at the blocks and at every bootstrap of them;
+    # then all of them to the normal scale at once
+    draws = [np.arange(len(stats)), *(np.asarray(i) for i in boot_idx)]
+    ts, dfs = zip(*(episode_t_columns(stats[idx], gx[idx], ref, gy) for idx in draws))
+    z = t_to_z_many(np.concatenate(ts), np.repeat(dfs, 3 * D)).reshape(len(draws), 3, D)  # (R + 1, 3, D)
+    level, bias, colour = z[:, 0], z[:, 1], z[:, 2]  # (R + 1, D) each
+    coloured_all = (level > 0) & (colour > crit_dyn)
+    sensor_all = np.where(coloured_all, 0.0, np.maximum(np.abs(level), np.abs(bias)) / crit_sensor)
+    dynamics_all = np.minimum(level, colour) / crit_dyn
 
     def ratio(std, rstd):
         return np.sqrt(np.maximum((std**2).mean(0), 1e-12) / np.maximum((rstd**2).mean(0), 1e-12))
 
-    ev, dyn, coloured = evidence(checked_std, checked_mean, checked_ac1, gx)
+    ev, dyn, coloured = sensor_all[0], dynamics_all[0], coloured_all[0]
     m = real_std.shape[0]
-    boots, dyn_boots, ratio_boot = [], [], [ratio(checked_std, real_std)]  # no bootstrap: the interval is the point
+    boots, dyn_boots = sensor_all[1:].max(1), dynamics_all[1:].max(1)
+    ratio_boot = [ratio(checked_std, real_std)]  # no bootstrap: the interval is the point
     for idx in boot_idx:
-        b_s, b_d, _ = evidence(checked_std[idx], checked_mean[idx], checked_ac1[idx], gx[idx])
-        boots.append(b_s.max())
-        dyn_boots.append(b_d.max())
         ratio_boot.append(ratio(checked_std[idx], real_std[cluster_resample(rng, gy, m)]))
     ratio_boot = np.asarray(ratio_boot[1:] if len(ratio_boot) > 1 else ratio_boot)
     return ResidualStats(

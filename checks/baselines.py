@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from wmcheck.checks.stats import block_mmd_test, clustered_mann_whitney, episode_t, rank_auc, t_to_z
+from wmcheck.checks.stats import block_mmd_test, clustered_mann_whitney, episode_t_columns, rank_auc, t_to_z_many
 from wmcheck.datasets.episode import Episode
 from wmcheck.datasets.normalize import Normalizer
 
@@ -187,12 +187,9 @@ class ARXBaseline:
         c, g = self.block_stats(checked)
         if not len(c):
             return BaselineResult(float("nan"), float("nan"))
-        z = np.array(
-            [
-                [t_to_z(*episode_t(c[:, k, d], g, self.real[:, k, d], self.real_episode)) for d in range(c.shape[2])]
-                for k in range(2)
-            ]
-        )  # (2, D)
+        K = 2 * c.shape[2]  # (log std, mean) x channel
+        t, df = episode_t_columns(c.reshape(len(c), K), g, self.real.reshape(len(self.real), K), self.real_episode)
+        z = t_to_z_many(t, df)  # (2 D,)
         m = float(np.abs(z).max())
         # two-sided, Bonferroni over the statistics; erfc keeps p > 0 where 1 - cdf(m) rounds to 0 (m > 8)
         p = min(1.0, math.erfc(m / math.sqrt(2.0)) * z.size)

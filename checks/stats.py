@@ -39,6 +39,20 @@ def t_sf(t: float, df: float) -> float:
     return tail if t > 0 else 1.0 - tail
 
 
+def t_sf_many(t: np.ndarray, df) -> np.ndarray:
+    """`t_sf(t, df)` of every element of t (n,), to the last bit; df a number or (n,)."""
+    t = np.asarray(t, float)
+    df = np.broadcast_to(np.asarray(np.nan if df is None else df, float), t.shape)
+    normal = (df <= 0) | (df > 1e7) | np.isnan(df)  # t_sf's normal tail (df unknown or huge)
+    out = np.array([_norm_sf(float(v)) if n else 0.0 for v, n in zip(t, normal)])
+    st = ~normal
+    if st.any():
+        v, k = t[st], df[st]
+        tail = 0.5 * _betainc_many(0.5 * k, np.full(len(k), 0.5), k / (k + v * v))  # P(|T| > |t|) / 2
+        out[st] = np.where(v > 0, tail, 1.0 - tail)
+    return out
+
+
 def t_isf(p: float, df: float) -> float:
     """The t with P(T > t) = p (Student, df degrees of freedom), by bisection on t_sf."""
     lo, hi = -1.0, 1.0
@@ -69,6 +83,23 @@ def t_critical(p: float, df: float) -> float:
     return _t_critical_half(float(p), int(half_steps(np.array([df]))[0]))
 
 
+_TINY = 1e-300  # the modified Lentz method's guard against a zero denominator
+_CF_TOL = 1e-14  # the continued fraction ends when a step changes it by less than this share
+_CF_STEPS = 500
+
+
+def _cf_numerators(a: float, b: float, x, m: int):
+    """The two numerators of step m of the continued fraction of I_x(a, b) (x a float or an array)."""
+    return (
+        m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+        -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+    )
+
+
+def _log_front(a: float, b: float, x: float) -> float:
+    return math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+
+
 def _betainc(a: float, b: float, x: float) -> float:
     """Regularised incomplete beta I_x(a, b) by its continued fraction (modified Lentz)."""
     if x <= 0.0:
@@ -77,24 +108,65 @@ def _betainc(a: float, b: float, x: float) -> float:
         return 1.0
     if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast only below this point
         return 1.0 - _betainc(b, a, 1.0 - x)
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    tiny = 1e-300
     c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
+    d = 1.0 / (d if abs(d) > _TINY else _TINY)
     f = d
-    for m in range(1, 500):
-        for num in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
+    for m in range(1, _CF_STEPS):
+        for num in _cf_numerators(a, b, x, m):
             d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
+            d = 1.0 / (d if abs(d) > _TINY else _TINY)
             c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
+            c = c if abs(c) > _TINY else _TINY
             f *= c * d
-        if abs(c * d - 1.0) < 1e-14:
+        if abs(c * d - 1.0) < _CF_TOL:
             break
-    return math.exp(log_front) * f / a
+    return math.exp(_log_front(a, b, x)) * f / a
+
+
+def _betainc_many(a: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """`_betainc(a, b, x)` of every element (a, b, x each (n,)), to the last bit: the same
+    operations in the same order per element, each element's fraction ending at its own step (the
+    residual tests evaluate thousands of them per check)."""
+    x = np.asarray(x, float)
+    out = np.where(x <= 0.0, 0.0, 1.0)  # the values outside (0, 1)
+    idx = np.flatnonzero((x > 0.0) & (x < 1.0))
+    if not len(idx):
+        return out
+    v, a, b = x[idx], np.asarray(a, float)[idx], np.asarray(b, float)[idx]
+    swap = v > (a + 1.0) / (
+        a + b + 2.0
+    )  # the fraction converges fast only below this point: I_x(a, b) = 1 - I_1-x(b, a)
+    p, q, v = np.where(swap, b, a), np.where(swap, a, b), np.where(swap, 1.0 - v, v)
+    front = np.array([math.exp(_log_front(float(pi), float(qi), float(vi))) for pi, qi, vi in zip(p, q, v)])
+    value = front * _continued_fraction(p, q, v) / p
+    out[idx] = np.where(swap, 1.0 - value, value)
+    return out
+
+
+def _continued_fraction(a: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The modified Lentz fraction of `_betainc` for every element (a, b, x each (n,)), each
+    element's value taken at the step where it converges."""
+    d = 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / np.where(np.abs(d) > _TINY, d, _TINY)
+    c, f = np.ones_like(x), d.copy()
+    out = np.empty_like(x)
+    live = np.arange(len(x))  # positions still iterating
+    for m in range(1, _CF_STEPS):
+        for num in _cf_numerators(a, b, x, m):
+            d = 1.0 + num * d
+            d = 1.0 / np.where(np.abs(d) > _TINY, d, _TINY)
+            c = 1.0 + num / c
+            c = np.where(np.abs(c) > _TINY, c, _TINY)
+            f = f * (c * d)
+        done = np.abs(c * d - 1.0) < _CF_TOL
+        if done.any():
+            out[live[done]] = f[done]
+            keep = ~done
+            live, a, b, x, c, d, f = live[keep], a[keep], b[keep], x[keep], c[keep], d[keep], f[keep]
+            if not len(live):
+                return out
+    out[live] = f
+    return out
 
 
 def rank_auc(x: np.ndarray, y: np.ndarray) -> float:
@@ -352,21 +424,44 @@ def episode_t(
     nineteenth session). Intervals keep Welch's form (`episode_welch`): they are read under the alternative.
     `log`: compare log scores (positive, right-skewed statistics). Returns (t, df); (nan, nan) with
     no checked or fewer than 2 real episodes."""
-    pair = _episode_mean_pair(x, x_groups, y, y_groups, log)
-    if pair is None:
-        return float("nan"), float("nan")
-    mx, my = pair
-    kx, ky = len(mx), len(my)
-    diff = float(mx.mean() - my.mean())
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if log:
+        x, y = log_pair(x, y)
+    t, df = episode_t_columns(x[:, None], x_groups, y[:, None], y_groups)
+    return float(t[0]), df
+
+
+def episode_t_columns(
+    x: np.ndarray, x_groups: np.ndarray, y: np.ndarray, y_groups: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """`episode_t` of every column of x (n, K) against the same column of y (m, K) at once: (t (K,),
+    df); every column gets the arithmetic of a lone call, to the last bit (each column's episode
+    means are a contiguous row, so every mean and variance sums in the same order)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    K = x.shape[1]
+    mx, my = _episode_means_rows(x, x_groups), _episode_means_rows(y, y_groups)  # (K, kx), (K, ky)
+    kx, ky = mx.shape[1], my.shape[1]
+    if kx == 0 or ky < 2:
+        return np.full(K, float("nan")), float("nan")
+    diff = mx.mean(1) - my.mean(1)
     if kx >= 2:
-        pooled = ((kx - 1) * mx.var(ddof=1) + (ky - 1) * my.var(ddof=1)) / (kx + ky - 2)
+        pooled = ((kx - 1) * mx.var(1, ddof=1) + (ky - 1) * my.var(1, ddof=1)) / (kx + ky - 2)
         se2, df = pooled * (1.0 / kx + 1.0 / ky), float(kx + ky - 2)
     else:
         se2, df = _against_a_new_episode(my)
-    se = math.sqrt(max(se2, 0.0))
-    if se <= 0:
-        return (math.copysign(float("inf"), diff) if diff else 0.0), df
-    return diff / se, df
+    se = np.sqrt(np.maximum(se2, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(se > 0, diff / np.where(se > 0, se, 1.0), np.where(diff != 0, np.copysign(np.inf, diff), 0.0))
+    return t, df
+
+
+def _episode_means_rows(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """(K, k): `episode_means` of every column of values (n, K), one C-contiguous row per column."""
+    if not len(values):
+        return np.zeros((values.shape[1], 0))
+    _, inv, sizes = group_index(groups)
+    inv = inv.ravel()
+    return np.ascontiguousarray(np.stack([np.bincount(inv, weights=v) / sizes for v in values.T]))
 
 
 def _episode_mean_pair(x, x_groups, y, y_groups, log: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -379,10 +474,12 @@ def _episode_mean_pair(x, x_groups, y, y_groups, log: bool) -> tuple[np.ndarray,
     return None if len(mx) == 0 or len(my) < 2 else (mx, my)
 
 
-def _against_a_new_episode(my: np.ndarray) -> tuple[float, float]:
+def _against_a_new_episode(my: np.ndarray):
     """(variance, df) of one checked episode's mean minus the real episodes' mean under the null that
-    it is a new real episode: var(real episode means) x (1 + 1/k), k - 1 degrees of freedom."""
-    return float(my.var(ddof=1) * (1.0 + 1.0 / len(my))), float(len(my) - 1)
+    it is a new real episode: var(real episode means) x (1 + 1/k), k - 1 degrees of freedom. my:
+    (k,) real episode means, or (K, k) one row per statistic (then the variance is (K,))."""
+    k = my.shape[-1]
+    return my.var(-1, ddof=1) * (1.0 + 1.0 / k), float(k - 1)
 
 
 def episode_welch(
@@ -418,13 +515,21 @@ def welch_interval(diff: float, se: float, df: float, level: float = 0.95) -> tu
 def t_to_z(t: float, df: float) -> float:
     """The standard-normal quantile with the same tail probability as Student's t (sign kept), so
     statistics with different degrees of freedom share one scale of critical values."""
+    return float(t_to_z_many(np.array([t], float), df)[0])
+
+
+def t_to_z_many(t: np.ndarray, df) -> np.ndarray:
+    """`t_to_z` of every element of t (n,) (0 where t is NaN); df a number or (n,)."""
     from statistics import NormalDist
 
-    if math.isnan(t):
-        return 0.0
-    p = t_sf(abs(t), df) if math.isfinite(t) else 0.0
-    z = -NormalDist().inv_cdf(min(max(p, 1e-300), 0.5))
-    return math.copysign(z, t)
+    t = np.asarray(t, float)
+    finite = np.isfinite(t)
+    p = np.zeros(len(t))  # an infinite t: tail 0, floored below
+    if finite.any():
+        p[finite] = t_sf_many(np.abs(t[finite]), np.broadcast_to(np.asarray(df, float), t.shape)[finite])
+    inv = NormalDist().inv_cdf
+    z = np.array([-inv(min(max(float(q), 1e-300), 0.5)) for q in p])
+    return np.where(np.isnan(t), 0.0, np.copysign(z, t))
 
 
 def paired_episode_t_greater(diff: np.ndarray, groups: np.ndarray) -> float:

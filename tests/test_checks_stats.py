@@ -359,3 +359,43 @@ def test_support_distance_is_the_exact_nearest_neighbour_distance(queries):
     assert got.shape == (1, queries)
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
     assert got[0, 0] == 0.0
+
+
+def test_the_column_forms_give_each_columns_lone_statistic_to_the_last_bit():
+    """episode_t_columns, t_sf_many and t_to_z_many serve the residual tests' thousands of cells
+    per check at once; each value must be the one a lone computation gives (the documented pooled
+    t of episode means, the scalar tail), including one checked episode, ties, signs and
+    infinities. A column form that sums means in another order, or a fraction stopped at a common
+    step instead of each element's own, fails the exact comparison."""
+    from wmcheck.checks.stats import episode_t, episode_t_columns, t_sf_many, t_to_z_many
+
+    def lone_t(x, gx, y, gy):  # the docstring's formula, one column
+        mx = np.array([x[gx == g].mean() for g in np.unique(gx)])
+        my = np.array([y[gy == g].mean() for g in np.unique(gy)])
+        kx, ky = len(mx), len(my)
+        if kx >= 2:
+            se2 = ((kx - 1) * mx.var(ddof=1) + (ky - 1) * my.var(ddof=1)) / (kx + ky - 2) * (1 / kx + 1 / ky)
+            df = kx + ky - 2
+        else:
+            se2, df = my.var(ddof=1) * (1 + 1 / ky), ky - 1
+        return (mx.mean() - my.mean()) / np.sqrt(se2), float(df)
+
+    rng = np.random.default_rng(3)
+    for kx in (1, 2, 4, 8):
+        gx, gy = np.repeat(np.arange(kx), 3), np.repeat(np.arange(20, 33), 2)
+        x, y = rng.normal(0.4, 1.0, (len(gx), 6)), rng.normal(0.0, 1.0, (len(gy), 6))
+        t, df = episode_t_columns(x, gx, y, gy)
+        for j in range(6):
+            tj, dfj = lone_t(x[:, j], gx, y[:, j], gy)
+            assert np.isclose(t[j], tj, rtol=1e-12, atol=0) and df == dfj
+            assert t[j] == episode_t(x[:, j], gx, y[:, j], gy)[0]  # the scalar form is this one
+    x = np.ones((6, 2))
+    x[:, 1] = 2.0
+    t, _ = episode_t_columns(x, np.repeat(np.arange(3), 2), np.ones((8, 2)), np.repeat(np.arange(4), 2))
+    assert t[0] == 0.0 and t[1] == np.inf  # no spread: a difference is infinitely significant, none is 0
+    ts = np.concatenate([rng.normal(0, 4, 500), [0.0, 1e-12, -3.0, 40.0, -40.0]])  # both sides of the swap point
+    dfs = rng.choice([1.0, 2.5, 7.0, 26.0, 300.0, 5e7], len(ts))
+    assert np.array_equal(t_sf_many(ts, dfs), [t_sf(float(a), float(d)) for a, d in zip(ts, dfs)])
+    assert np.array_equal(t_sf_many(ts, 9.0), [t_sf(float(a), 9.0) for a in ts])
+    z = t_to_z_many(np.array([np.nan, np.inf, -np.inf, 2.0]), 9.0)
+    assert z[0] == 0.0 and z[1] == -z[2] > 30 and z[3] == t_to_z(2.0, 9.0)
