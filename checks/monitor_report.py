@@ -38,7 +38,7 @@ def p_value_figure(report: dict):
     ax.set_xlabel("look")
     ax.set_ylabel("p-value (max over features)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out in the one draw that renders it (report_html._png)
     return fig
 
 
@@ -59,7 +59,7 @@ def bias_figure(report: dict, max_channels: int = 6):
         ax.set_ylabel(name.split(":", 1)[1], fontsize=8)
     axes[-1, 0].set_xlabel("look")
     fig.suptitle("bias against the model's prediction, per period", fontsize=9)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out in the one draw that renders it (report_html._png)
     return fig
 
 

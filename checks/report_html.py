@@ -118,7 +118,7 @@ def divergence_figure(report: dict):
     ax.set_ylabel("standardised error z^2")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out in the one draw that renders it (report_html._png)
     return fig
 
 
@@ -158,7 +158,7 @@ def overlay_figures(report: dict, max_channels: int = 6) -> list[tuple[str, obje
         D = min(len(blk["truth"][0]), max_channels)
         fig, axes = plt.subplots(D, 1, figsize=(FIG_WIDTH, 1.9 * D), squeeze=False)
         _draw_block(axes[:, 0], blk, names, D)
-        fig.tight_layout()
+        fig.set_layout_engine("tight")  # laid out in the one draw that renders it (report_html._png)
         out.append((f"episode {blk['episode']}, {_block_span(blk)}", fig))
     return out
 
@@ -190,7 +190,7 @@ def episode_figure(ep: dict, drill: dict, names: list, max_channels: int = 3):
     ax.set_ylabel("divergence score", fontsize=8)
     ax.legend(fontsize=8, loc="best")
     _draw_block(axes[1:, 0], blk, names, D)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out in the one draw that renders it (report_html._png)
     return fig
 
 
@@ -232,7 +232,7 @@ def policy_return_figure(report: dict):
     ax.set_xlabel("return in the simulator")
     ax.set_ylabel("return inside the model (mean, range)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out in the one draw that renders it (report_html._png)
     return fig
 
 
@@ -369,7 +369,7 @@ def regime_figure(channel: dict, obs: str):
     ounit = bins[0]["effect"][obs]["unit"] if bins else ""
     ax.set_ylabel(f"{obs} error ({ounit})" if ounit else f"{obs} error", fontsize=8)
     ax.legend(fontsize=6)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out in the one draw that renders it (report_html._png)
     return fig
 
 

@@ -27,7 +27,7 @@ def difference_figure(report: dict):
     ax.set_xlabel(f"predicted return difference per {report['return_difference']['per']} (proposals - baseline)")
     ax.set_ylabel("starts")
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out in the one draw that renders it (report_html._png)
     return fig
 
 
