@@ -42,8 +42,10 @@ def t_sf(t: float, df: float) -> float:
 def t_sf_many(t: np.ndarray, df) -> np.ndarray:
     """`t_sf(t, df)` of every element of t (n,), to the last bit; df a number or (n,)."""
     t = np.asarray(t, float)
-    df = np.broadcast_to(np.asarray(np.nan if df is None else df, float), t.shape)
-    normal = (df <= 0) | (df > 1e7) | np.isnan(df)  # t_sf's normal tail (df unknown or huge)
+    if df is None:
+        return np.array([_norm_sf(float(v)) for v in t])
+    df = np.broadcast_to(np.asarray(df, float), t.shape)
+    normal = (df <= 0) | (df > 1e7)  # t_sf's normal tail (df unknown or huge); a NaN df gives NaN, as there
     out = np.array([_norm_sf(float(v)) if n else 0.0 for v, n in zip(t, normal)])
     st = ~normal
     if st.any():
@@ -128,17 +130,21 @@ def _betainc_many(a: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
     operations in the same order per element, each element's fraction ending at its own step (the
     residual tests evaluate thousands of them per check)."""
     x = np.asarray(x, float)
-    out = np.where(x <= 0.0, 0.0, 1.0)  # the values outside (0, 1)
+    out = np.full_like(x, np.nan)  # NaN stays NaN
+    out[x <= 0.0], out[x >= 1.0] = 0.0, 1.0
     idx = np.flatnonzero((x > 0.0) & (x < 1.0))
     if not len(idx):
         return out
     v, a, b = x[idx], np.asarray(a, float)[idx], np.asarray(b, float)[idx]
-    swap = v > (a + 1.0) / (
-        a + b + 2.0
-    )  # the fraction converges fast only below this point: I_x(a, b) = 1 - I_1-x(b, a)
+    # the fraction converges fast only below (a + 1) / (a + b + 2); above it I_x(a, b) = 1 - I_1-x(b, a)
+    swap = v > (a + 1.0) / (a + b + 2.0)
     p, q, v = np.where(swap, b, a), np.where(swap, a, b), np.where(swap, 1.0 - v, v)
-    front = np.array([math.exp(_log_front(float(pi), float(qi), float(vi))) for pi, qi, vi in zip(p, q, v)])
-    value = front * _continued_fraction(p, q, v) / p
+    value = np.ones_like(v)  # where 1 - x rounds to 1: I_1(b, a) = 1, as the scalar recursion returns
+    frac = v < 1.0
+    if frac.any():
+        pf, qf, vf = p[frac], q[frac], v[frac]
+        front = np.array([math.exp(_log_front(float(pi), float(qi), float(vi))) for pi, qi, vi in zip(pf, qf, vf)])
+        value[frac] = front * _continued_fraction(pf, qf, vf) / pf
     out[idx] = np.where(swap, 1.0 - value, value)
     return out
 
@@ -450,8 +456,9 @@ def episode_t_columns(
     else:
         se2, df = _against_a_new_episode(my)
     se = np.sqrt(np.maximum(se2, 0.0))
+    flat = se <= 0  # no spread: a difference is infinitely significant, none is 0 (a NaN spread gives NaN)
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(se > 0, diff / np.where(se > 0, se, 1.0), np.where(diff != 0, np.copysign(np.inf, diff), 0.0))
+        t = np.where(flat, np.where(diff != 0, np.copysign(np.inf, diff), 0.0), diff / np.where(flat, 1.0, se))
     return t, df
 
 
@@ -526,7 +533,8 @@ def t_to_z_many(t: np.ndarray, df) -> np.ndarray:
     finite = np.isfinite(t)
     p = np.zeros(len(t))  # an infinite t: tail 0, floored below
     if finite.any():
-        p[finite] = t_sf_many(np.abs(t[finite]), np.broadcast_to(np.asarray(df, float), t.shape)[finite])
+        dfs = None if df is None else np.broadcast_to(np.asarray(df, float), t.shape)[finite]
+        p[finite] = t_sf_many(np.abs(t[finite]), dfs)
     inv = NormalDist().inv_cdf
     z = np.array([-inv(min(max(float(q), 1e-300), 0.5)) for q in p])
     return np.where(np.isnan(t), 0.0, np.copysign(z, t))

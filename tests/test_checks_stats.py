@@ -363,39 +363,51 @@ def test_support_distance_is_the_exact_nearest_neighbour_distance(queries):
 
 def test_the_column_forms_give_each_columns_lone_statistic_to_the_last_bit():
     """episode_t_columns, t_sf_many and t_to_z_many serve the residual tests' thousands of cells
-    per check at once; each value must be the one a lone computation gives (the documented pooled
-    t of episode means, the scalar tail), including one checked episode, ties, signs and
-    infinities. A column form that sums means in another order, or a fraction stopped at a common
-    step instead of each element's own, fails the exact comparison."""
-    from wmcheck.checks.stats import episode_t, episode_t_columns, t_sf_many, t_to_z_many
+    per check at once; each value must be the one a lone computation gives, to the last bit: the
+    pooled t of episode means as the scalar code computed it before the column form (kept here:
+    bincount means, then 1-D means and variances), the scalar tail, including one checked
+    episode, no spread, signs, infinities and NaN. A column form that sums in another order, a
+    fraction stopped at a common step, or a NaN spread taken for no spread fails."""
+    from wmcheck.checks.stats import episode_t_columns, t_sf_many, t_to_z_many
 
-    def lone_t(x, gx, y, gy):  # the docstring's formula, one column
-        mx = np.array([x[gx == g].mean() for g in np.unique(gx)])
-        my = np.array([y[gy == g].mean() for g in np.unique(gy)])
+    def lone_t(x, gx, y, gy):  # the scalar episode_t before the column form, verbatim in its arithmetic
+        means = []
+        for v, g in ((x, gx), (y, gy)):
+            _, inv, sizes = np.unique(g, return_inverse=True, return_counts=True)
+            means.append(np.bincount(inv, weights=v) / sizes)
+        mx, my = means
         kx, ky = len(mx), len(my)
+        diff = float(mx.mean() - my.mean())
         if kx >= 2:
-            se2 = ((kx - 1) * mx.var(ddof=1) + (ky - 1) * my.var(ddof=1)) / (kx + ky - 2) * (1 / kx + 1 / ky)
-            df = kx + ky - 2
+            pooled = ((kx - 1) * mx.var(ddof=1) + (ky - 1) * my.var(ddof=1)) / (kx + ky - 2)
+            se2, df = pooled * (1.0 / kx + 1.0 / ky), float(kx + ky - 2)
         else:
-            se2, df = my.var(ddof=1) * (1 + 1 / ky), ky - 1
-        return (mx.mean() - my.mean()) / np.sqrt(se2), float(df)
+            se2, df = float(my.var(ddof=1) * (1.0 + 1.0 / ky)), float(ky - 1)
+        se = np.sqrt(max(se2, 0.0))
+        if se <= 0:
+            return (np.copysign(np.inf, diff) if diff else 0.0), df
+        return diff / se, df
 
     rng = np.random.default_rng(3)
-    for kx in (1, 2, 4, 8):
-        gx, gy = np.repeat(np.arange(kx), 3), np.repeat(np.arange(20, 33), 2)
+    for kx, ky in ((1, 13), (2, 13), (4, 27), (8, 13), (40, 300)):  # 40 and 300 episodes: pairwise sums
+        gx, gy = rng.permutation(np.repeat(np.arange(kx), 3)), rng.permutation(np.repeat(np.arange(20, 20 + ky), 2))
         x, y = rng.normal(0.4, 1.0, (len(gx), 6)), rng.normal(0.0, 1.0, (len(gy), 6))
         t, df = episode_t_columns(x, gx, y, gy)
         for j in range(6):
-            tj, dfj = lone_t(x[:, j], gx, y[:, j], gy)
-            assert np.isclose(t[j], tj, rtol=1e-12, atol=0) and df == dfj
-            assert t[j] == episode_t(x[:, j], gx, y[:, j], gy)[0]  # the scalar form is this one
-    x = np.ones((6, 2))
+            assert (t[j], df) == lone_t(x[:, j], gx, y[:, j], gy)
+    x = np.ones((6, 3))
     x[:, 1] = 2.0
-    t, _ = episode_t_columns(x, np.repeat(np.arange(3), 2), np.ones((8, 2)), np.repeat(np.arange(4), 2))
-    assert t[0] == 0.0 and t[1] == np.inf  # no spread: a difference is infinitely significant, none is 0
-    ts = np.concatenate([rng.normal(0, 4, 500), [0.0, 1e-12, -3.0, 40.0, -40.0]])  # both sides of the swap point
-    dfs = rng.choice([1.0, 2.5, 7.0, 26.0, 300.0, 5e7], len(ts))
+    x[0, 2] = np.nan  # a NaN residual: no statistic, not an infinitely significant one
+    t, _ = episode_t_columns(x, np.repeat(np.arange(3), 2), np.ones((8, 3)), np.repeat(np.arange(4), 2))
+    assert t[0] == 0.0 and t[1] == np.inf and np.isnan(t[2])
+    assert t_to_z_many(t, 4.0)[2] == 0.0
+    ts = np.concatenate(
+        [rng.normal(0, 4, 500), [0.0, 1e-12, -3.0, 40.0, -40.0, np.inf]]
+    )  # both sides of the swap point
+    dfs = rng.choice([1.0, 2.5, 7.0, 26.0, 300.0, 5e7, 0.0], len(ts))
     assert np.array_equal(t_sf_many(ts, dfs), [t_sf(float(a), float(d)) for a, d in zip(ts, dfs)])
     assert np.array_equal(t_sf_many(ts, 9.0), [t_sf(float(a), 9.0) for a in ts])
-    z = t_to_z_many(np.array([np.nan, np.inf, -np.inf, 2.0]), 9.0)
-    assert z[0] == 0.0 and z[1] == -z[2] > 30 and z[3] == t_to_z(2.0, 9.0)
+    assert np.array_equal(t_sf_many(ts, None), [t_sf(float(a), None) for a in ts])
+    assert np.isnan(t_sf_many(np.array([np.nan, 2.0]), np.array([5.0, np.nan]))).all()  # NaN in, NaN out
+    z = t_to_z_many(np.array([np.nan, np.inf, -np.inf, 2.0, 2.0]), np.array([9.0, 9.0, 9.0, 9.0, 1e8]))
+    assert z[0] == 0.0 and z[1] == -z[2] > 30 and z[3] == t_to_z(2.0, 9.0) and z[4] == t_to_z(2.0, None)
