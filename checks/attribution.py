@@ -342,7 +342,7 @@ def residual_evidence(
     """
     from statistics import NormalDist
 
-    from wmcheck.checks.stats import cluster_resample, episode_t_columns, t_to_z_many
+    from wmcheck.checks.stats import cluster_resample, episode_means_columns, pooled_t_of_means, t_to_z_many
 
     gx, gy = (np.asarray(g) for g in groups)
     D = checked_std.shape[1]
@@ -354,7 +354,8 @@ def residual_evidence(
     # the episode t of every statistic and channel, at the blocks and at every bootstrap of them;
     # then all of them to the normal scale at once
     draws = [np.arange(len(stats)), *(np.asarray(i) for i in boot_idx)]
-    ts, dfs = zip(*(episode_t_columns(stats[idx], gx[idx], ref, gy) for idx in draws))
+    real_means = episode_means_columns(ref, gy)  # (3D, ky): the same real side for every draw
+    ts, dfs = zip(*(pooled_t_of_means(episode_means_columns(stats[idx], gx[idx]), real_means) for idx in draws))
     z = t_to_z_many(np.concatenate(ts), np.repeat(dfs, 3 * D)).reshape(len(draws), 3, D)  # (R + 1, 3, D)
     level, bias, colour = z[:, 0], z[:, 1], z[:, 2]  # (R + 1, D) each
     coloured_all = (level > 0) & (colour > crit_dyn)

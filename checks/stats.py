@@ -40,13 +40,15 @@ def t_sf(t: float, df: float) -> float:
 
 
 def t_sf_many(t: np.ndarray, df) -> np.ndarray:
-    """`t_sf(t, df)` of every element of t (n,), to the last bit; df a number or (n,)."""
+    """`t_sf(t, df)` of every element of t (n,), to the last bit; df a number, (n,) or None."""
     t = np.asarray(t, float)
-    if df is None:
-        return np.array([_norm_sf(float(v)) for v in t])
-    df = np.broadcast_to(np.asarray(df, float), t.shape)
-    normal = (df <= 0) | (df > 1e7)  # t_sf's normal tail (df unknown or huge); a NaN df gives NaN, as there
-    out = np.array([_norm_sf(float(v)) if n else 0.0 for v, n in zip(t, normal)])
+    if df is not None:
+        df = np.broadcast_to(np.asarray(df, float), t.shape)
+    # t_sf's normal tail where df is unknown or huge (a NaN df gives NaN, as there)
+    normal = np.ones(t.shape, bool) if df is None else (df <= 0) | (df > 1e7)
+    out = np.zeros(t.shape)
+    for i in np.flatnonzero(normal):
+        out[i] = _norm_sf(float(t[i]))
     st = ~normal
     if st.any():
         v, k = t[st], df[st]
@@ -443,10 +445,14 @@ def episode_t_columns(
     """`episode_t` of every column of x (n, K) against the same column of y (m, K) at once: (t (K,),
     df); every column gets the arithmetic of a lone call, to the last bit (each column's episode
     means are a contiguous row, so every mean and variance sums in the same order)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    K = x.shape[1]
-    mx, my = _episode_means_rows(x, x_groups), _episode_means_rows(y, y_groups)  # (K, kx), (K, ky)
-    kx, ky = mx.shape[1], my.shape[1]
+    return pooled_t_of_means(episode_means_columns(x, x_groups), episode_means_columns(y, y_groups))
+
+
+def pooled_t_of_means(mx: np.ndarray, my: np.ndarray) -> tuple[np.ndarray, float]:
+    """`episode_t_columns` from the episode means (K, kx) and (K, ky) (`episode_means_columns`), so
+    a caller that tests many resamples of one side against the same other side computes that
+    side's means once."""
+    K, kx, ky = mx.shape[0], mx.shape[1], my.shape[1]
     if kx == 0 or ky < 2:
         return np.full(K, float("nan")), float("nan")
     diff = mx.mean(1) - my.mean(1)
@@ -462,13 +468,18 @@ def episode_t_columns(
     return t, df
 
 
-def _episode_means_rows(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """(K, k): `episode_means` of every column of values (n, K), one C-contiguous row per column."""
-    if not len(values):
-        return np.zeros((values.shape[1], 0))
+def episode_means_columns(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """(K, k): `episode_means` of every column of values (n, K), one C-contiguous row per column,
+    from one bincount whose bins are (column, episode): each bin sums its values in row order, as
+    a bincount of the column alone does."""
+    values = np.asarray(values, float)
+    n, K = values.shape
+    if not n:
+        return np.zeros((K, 0))
     _, inv, sizes = group_index(groups)
-    inv = inv.ravel()
-    return np.ascontiguousarray(np.stack([np.bincount(inv, weights=v) / sizes for v in values.T]))
+    k = len(sizes)
+    bins = (inv.ravel()[None, :] + k * np.arange(K)[:, None]).ravel()  # (K n,) column-major
+    return np.bincount(bins, weights=values.T.ravel(), minlength=K * k).reshape(K, k) / sizes
 
 
 def _episode_mean_pair(x, x_groups, y, y_groups, log: bool) -> tuple[np.ndarray, np.ndarray] | None:
