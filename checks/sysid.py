@@ -283,12 +283,14 @@ def _soft_observe(model, seq, tokens: torch.Tensor | None = None):
     ctrl = torch.cat([seq.prev_action, seq.prev_input], -1).float()  # (n, L, U)
     first = seq.is_first.bool()
     state = rssm.initial(tokens.shape[0], tokens.device)
-    w = rssm.core_weights() if rssm.cfg.fused_core else None
+    ctrl, keep, reset_at = rssm.resets(ctrl, first)
+    core, post = rssm.core_scan(ctrl), rssm.post_scan(tokens)
     deters, stochs = [], []
     for t in range(tokens.shape[1]):
-        state, u = rssm.reset(state, ctrl[:, t], first[:, t])
-        deter = rssm.core(state, u, w)
-        state = State(deter, rssm.post_logp(deter, tokens[:, t]).exp())
+        if reset_at[t]:
+            state = rssm.reset_state(state, keep[:, t])
+        deter = core(state, t)
+        state = State(deter, post(deter, t).exp())
         deters.append(deter)
         stochs.append(state.stoch)
     return State(torch.stack(deters, 1), torch.stack(stochs, 1))
@@ -304,10 +306,10 @@ def _soft_imagine(model, state, ctrl):
     from wmcheck.worldmodel.rssm import State
 
     rssm = model.rssm
-    w = rssm.core_weights() if rssm.cfg.fused_core else None
+    core = rssm.core_scan(ctrl)
     deters, stochs = [], []
     for t in range(ctrl.shape[1]):
-        deter = rssm.core(state, ctrl[:, t], w)
+        deter = core(state, t)
         state = State(deter, _soft_prior(model, deter))
         deters.append(deter)
         stochs.append(state.stoch)

@@ -54,8 +54,9 @@ class WorldModelConfig:
     [-1, 1]. Our actions and inputs are standardised (z-scores), so we apply that squash to
     a / action_scale: values within +-3 std pass linearly instead of being clipped at +-1 std."""
     fused_core: bool = True
-    """Run the block GRU as the fused rewrite (`RSSM.core_fused`, fewer kernels) instead of the
-    reference formulation (`RSSM.core_reference`); both compute the same numbers."""
+    """Run the block GRU as the scan's rewrite (`RSSM.core_scan`: the control's work done for every
+    step before the loop, fewer kernels per step) instead of the reference formulation
+    (`RSSM.core_reference`); both compute the same numbers up to float rounding."""
 
     # --- encoder / decoder / heads (reference sections 2-3) ---
     units: int = 64

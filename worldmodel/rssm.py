@@ -87,17 +87,15 @@ class RSSM(nn.Module):
         return unimix_logits(logits, self.cfg.unimix)
 
     # ------------------------------------------------------------------ core
-    def core(self, state: State, ctrl: torch.Tensor, w: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Block GRU: (h_{t-1}, z_{t-1}, u_{t-1}) -> h_t. ctrl (B, U). `cfg.fused_core` selects the
-        optimised rewrite (`core_fused`, same numbers) over the reference formulation."""
-        if self.cfg.fused_core:
-            return self.core_fused(state, ctrl, w)
-        return self.core_reference(state, ctrl)
+    def core(self, state: State, ctrl: torch.Tensor) -> torch.Tensor:
+        """Block GRU, one step: (h_{t-1}, z_{t-1}, u_{t-1}) -> h_t, ctrl (B, U). A scan should use
+        `core_scan`, which projects every step's control at once."""
+        return self.core_scan(ctrl[:, None])(state, 0)
 
-    def _squash(self, ctrl: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    def _squash(self, ctrl: torch.Tensor) -> torch.Tensor:
         c = self.cfg
         if c.control_dim == 0:
-            ctrl = torch.zeros(like.shape[0], 1, device=like.device, dtype=like.dtype)
+            ctrl = ctrl.new_zeros(ctrl.shape[:-1] + (1,))
         ctrl = ctrl / c.action_scale
         return ctrl / torch.clamp(ctrl.abs(), min=1.0).detach()  # reference squash (see config.action_scale)
 
@@ -111,7 +109,7 @@ class RSSM(nn.Module):
         c = self.cfg
         G = c.blocks
         deter, stoch = state.deter, state.stoch.flatten(-2)  # (B, deter), (B, S*C)
-        u = self._squash(ctrl, deter)  # (B, U)
+        u = self._squash(ctrl)  # (B, U)
         x = torch.cat([self.dynin_deter(deter), self.dynin_stoch(stoch), self.dynin_ctrl(u)], -1)  # (B, 3*hidden)
         x = repeat(x, "b f -> b g f", g=G)  # (B, G, 3*hidden): every block sees all projections
         h_g = rearrange(deter, "b (g d) -> b g d", g=G)  # (B, G, deter/G)
@@ -124,59 +122,78 @@ class RSSM(nn.Module):
         update = torch.sigmoid(update - 1.0)
         return update * cand + (1.0 - update) * deter  # (B, deter)
 
-    def core_weights(self) -> dict[str, torch.Tensor]:
-        """Per-scan views of the core's weights, built once per `observe`/`imagine` call.
+    def core_scan(self, ctrl: torch.Tensor):
+        """The core for a scan over controls ctrl (B, T, U) (already zeroed where a step resets):
+        returns step(state, t) -> h_t (B, deter). `cfg.fused_core` selects the rewrite below
+        (`_core_fused`, same numbers up to rounding) over `core_reference`.
 
-        The three input projections (h, z, control) are separate Linear layers as in the reference;
-        applied as one matmul with a block-diagonal weight they cost one kernel instead of three.
-        The first block layer reads [h_g, x] per group g, where x (the three projections) is the
-        same for every group: we split its weight into an h part (block-diagonal, bmm) and an x
-        part (one dense matmul) instead of materialising x repeated G times. Both are exact
-        rewrites of the reference's computation (tests/test_worldmodel.py checks this).
+        The rewrite: the control's projection (Linear -> RMSNorm -> SiLU) does not depend on the
+        state, so it is computed for every step at once, and with it its term of the first block
+        layer and that layer's bias (`_control_terms`); h and z are projected by one matmul with a
+        block-diagonal weight. The first block layer reads [h_g, x] per group g, where x (the three
+        projections) is the same for every group: its weight is split into an h part
+        (block-diagonal, bmm) and an x part (dense matmuls) instead of materialising x repeated G
+        times; the gates' bias carries the update gate's -1. tests/test_worldmodel.py ties both.
         """
+        if not self.cfg.fused_core:
+            return lambda state, t: self.core_reference(state, ctrl[:, t])
+        w = self._core_weights()
+        # per step (B, deter), or (B, hidden) without a dense layer; unbound, so that the backward
+        # stacks their gradients once instead of scattering each into a zero (B, T, ...) tensor
+        terms = self._control_terms(ctrl, w).unbind(1)
+        return lambda state, t: self._core_fused(state, terms[t], w)
+
+    def _core_weights(self) -> dict[str, torch.Tensor]:
+        """Per-scan views of the core's weights (see `core_scan`), built once per scan."""
         c = self.cfg
-        lins = (self.dynin_deter[0], self.dynin_stoch[0], self.dynin_ctrl[0])
         d = c.deter // c.blocks
+        lins = (self.dynin_deter[0], self.dynin_stoch[0])
         w = {
-            "in_w": torch.block_diag(*(lin.weight for lin in lins)),  # (3*hidden, deter + S*C + U)
-            "in_b": torch.cat([lin.bias for lin in lins]),  # (3*hidden,)
-            "in_scale": torch.stack(
-                [m[1].scale for m in (self.dynin_deter, self.dynin_stoch, self.dynin_ctrl)]
-            ),  # (3, hidden)
+            "hz_w": torch.block_diag(*(lin.weight for lin in lins)),  # (2*hidden, deter + S*C)
+            "hz_b": torch.cat([lin.bias for lin in lins]),  # (2*hidden,)
+            "hz_scale": torch.stack([self.dynin_deter[1].scale, self.dynin_stoch[1].scale]),  # (2, hidden)
         }
         if c.dyn_layers:
             first = self.dynhid[0]
+            wx = rearrange(first.weight[:, d:], "g i o -> i (g o)")  # (3*hidden, deter): rows h, z, control
             w["hid_wh"] = first.weight[:, :d]  # (G, d, deter/G)
-            w["hid_wx"] = rearrange(first.weight[:, d:], "g i o -> i (g o)")  # (3*hidden, deter)
+            w["hid_wx_hz"] = wx[: 2 * c.hidden]  # (2*hidden, deter)
+            w["hid_wx_u"] = wx[2 * c.hidden :]  # (hidden, deter)
+        shift = torch.zeros(3, d, device=self.gates.bias.device, dtype=self.gates.bias.dtype)
+        shift[2] = 1.0  # the update gate's bias of -1
+        w["gates_b"] = (self.gates.bias.view(c.blocks, 3, d) - shift).reshape(c.blocks, 1, 3 * d)  # (G, 1, 3*d)
         return w
 
-    def core_fused(self, state: State, ctrl: torch.Tensor, w: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """`core_reference` rewritten for speed (see `core_weights`); tests/test_worldmodel.py ties them."""
+    def _control_terms(self, ctrl: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The state-free part of the core for every step: (B, T, U) -> the control projection's term
+        of the first block layer plus its bias (B, T, deter), or the projection (B, T, hidden)."""
+        x_u = self.dynin_ctrl(self._squash(ctrl))  # (B, T, hidden)
+        if not self.cfg.dyn_layers:
+            return x_u
+        return torch.addmm(self.dynhid[0].bias, x_u.flatten(0, 1), w["hid_wx_u"]).view(*ctrl.shape[:2], -1)
+
+    def _core_fused(self, state: State, term: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step of the rewrite; term (B, deter) from `_control_terms` (see `core_scan`)."""
         c = self.cfg
-        w = w if w is not None else self.core_weights()
         deter, stoch = state.deter, state.stoch.flatten(-2)  # (B, deter), (B, S*C)
         B, G = deter.shape[0], c.blocks
-        ctrl = self._squash(ctrl, deter)
-        x = F.linear(torch.cat([deter, stoch, ctrl], -1), w["in_w"], w["in_b"])  # (B, 3*hidden)
-        x = F.rms_norm(x.float().view(B, 3, c.hidden), (c.hidden,), eps=self.dynin_deter[1].eps)  # (B, 3, hidden)
-        x = F.silu(x * w["in_scale"]).reshape(B, 3 * c.hidden).to(deter.dtype)  # (B, 3*hidden)
+        x = F.linear(torch.cat([deter, stoch], -1), w["hz_w"], w["hz_b"])  # (B, 2*hidden)
+        x = F.rms_norm(x.float().view(B, 2, c.hidden), (c.hidden,), eps=self.dynin_deter[1].eps)  # (B, 2, hidden)
+        x = F.silu(x * w["hz_scale"]).reshape(B, 2 * c.hidden).to(deter.dtype)  # (B, 2*hidden)
         h_g = deter.view(B, G, -1).transpose(0, 1)  # (G, B, d)
         if c.dyn_layers:
-            first = self.dynhid[0]
-            y = torch.bmm(h_g, w["hid_wh"]).transpose(0, 1).reshape(B, c.deter)  # (B, deter)
-            y = torch.addmm(y + first.bias, x, w["hid_wx"])  # (B, deter)
+            y = torch.addmm(term, x, w["hid_wx_hz"]).view(B, G, -1)  # (B, G, d): x's term, control's, bias
+            y = (y + torch.bmm(h_g, w["hid_wh"]).transpose(0, 1)).reshape(B, c.deter)  # (B, deter)
             y = self.dynhid[2](self.dynhid[1](y))  # RMSNorm, SiLU
             for i in range(1, c.dyn_layers):
                 y = self.dynhid[3 * i + 2](self.dynhid[3 * i + 1](self.dynhid[3 * i](y)))
         else:
+            x = torch.cat([x, term.to(x.dtype)], -1)  # (B, 3*hidden)
             y = rearrange(torch.cat([h_g.transpose(0, 1), x[:, None].expand(B, G, -1)], -1), "b g f -> b (g f)")
-        gates = torch.bmm(y.view(B, G, -1).transpose(0, 1), self.gates.weight)  # (G, B, 3*d)
-        gates = gates + self.gates.bias.view(G, 1, -1)
+        gates = torch.baddbmm(w["gates_b"], y.view(B, G, -1).transpose(0, 1), self.gates.weight)  # (G, B, 3*d)
         reset, cand, update = gates.chunk(3, -1)  # (G, B, d) each: per block [reset, cand, update]
-        reset = torch.sigmoid(reset)
-        cand = torch.tanh(reset * cand)
-        update = torch.sigmoid(update - 1.0)
-        h_new = update * cand + (1.0 - update) * h_g  # (G, B, d)
+        cand = torch.tanh(torch.sigmoid(reset) * cand)
+        h_new = torch.lerp(h_g, cand.to(h_g.dtype), torch.sigmoid(update).to(h_g.dtype))  # u*cand + (1-u)*h
         return h_new.transpose(0, 1).reshape(B, c.deter)  # (B, deter)
 
     def prior_logp(self, deter: torch.Tensor, head: int | None = None) -> torch.Tensor:
@@ -186,13 +203,41 @@ class RSSM(nn.Module):
         return torch.stack([self._logp(lin(net(deter))) for net, lin in zip(self.img_nets, self.img_logits)], -3)
 
     def post_logp(self, deter: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return self._logp(self.obs_logit(self.obs_net(torch.cat([deter, tokens], -1))))
+        """Posterior log-probs (..., S, C) of one step; a scan should use `post_scan`."""
+        return self.post_scan(tokens[:, None])(deter, 0)
+
+    def post_scan(self, tokens: torch.Tensor):
+        """The posterior for a scan over tokens (B, T, F): returns step(h_t, t) -> log q(z_t) (B, S, C).
+        The first layer reads concat(h, tokens); its tokens' term and bias are computed for every
+        step at once, so a step multiplies h only (the same numbers up to rounding)."""
+        first = self.obs_net[0][0] if len(self.obs_net) else self.obs_logit  # the Linear on concat(h, tokens)
+        d = self.cfg.deter
+        w_h = first.weight[:, :d].t()  # (deter, out)
+        tok = F.linear(tokens, first.weight[:, d:], first.bias).unbind(1)  # T x (B, out), see core_scan
+
+        def step(deter: torch.Tensor, t: int) -> torch.Tensor:
+            x = torch.addmm(tok[t], deter, w_h)  # (B, out)
+            if not len(self.obs_net):
+                return self._logp(x)
+            x = self.obs_net[0][2](self.obs_net[0][1](x))  # RMSNorm, SiLU
+            for layer in list(self.obs_net)[1:]:
+                x = layer(x)
+            return self._logp(self.obs_logit(x))
+
+        return step
 
     @staticmethod
-    def reset(state: State, ctrl: torch.Tensor, is_first: torch.Tensor) -> tuple[State, torch.Tensor]:
-        """Zero h, z *and the previous control* where is_first (B,) is set."""
-        keep = (~is_first).to(state.deter.dtype)  # (B,)
-        return State(state.deter * keep[:, None], state.stoch * keep[:, None, None]), ctrl * keep[:, None]
+    def resets(ctrl: torch.Tensor, is_first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+        """Where is_first (B, T) is set, h, z *and the previous control* restart from zero: returns the
+        controls zeroed there (B, T, U), the keep mask (B, T) and which steps reset any sequence (a
+        scan multiplies the state by the mask at those steps only, `reset_state`)."""
+        keep = (~is_first).to(ctrl.dtype)  # (B, T)
+        return ctrl * keep[..., None], keep, is_first.any(0).tolist()
+
+    @staticmethod
+    def reset_state(state: State, keep: torch.Tensor) -> State:
+        """Zero h and z where keep (B,) is 0."""
+        return State(state.deter * keep[:, None], state.stoch * keep[:, None, None])
 
     # ------------------------------------------------------------------ scans
     def observe(
@@ -209,13 +254,15 @@ class RSSM(nn.Module):
             f"observe: tokens {tuple(tokens.shape)}, ctrl {tuple(ctrl.shape)}, is_first {tuple(is_first.shape)}"
         )
         state = state if state is not None else self.initial(B, tokens.device)
-        w = self.core_weights() if self.cfg.fused_core else None
+        ctrl, keep, reset_at = self.resets(ctrl, is_first)
+        core, post = self.core_scan(ctrl), self.post_scan(tokens)
         noise = gumbel_noise((B, T, self.cfg.stoch, self.cfg.classes), tokens.device) if sample else None
         deters, stochs, posts = [], [], []
         for t in range(T):
-            state, u = self.reset(state, ctrl[:, t], is_first[:, t])
-            deter = self.core(state, u, w)  # (B, deter)
-            logp = self.post_logp(deter, tokens[:, t])  # (B, S, C)
+            if reset_at[t]:
+                state = self.reset_state(state, keep[:, t])
+            deter = core(state, t)  # (B, deter)
+            logp = post(deter, t)  # (B, S, C)
             state = State(deter, straight_through_sample(logp, sample, None if noise is None else noise[:, t]))
             deters.append(deter)
             stochs.append(state.stoch)
@@ -241,10 +288,10 @@ class RSSM(nn.Module):
         """
         B, H = ctrl.shape[:2]
         K = self.cfg.ensemble
-        w = self.core_weights() if self.cfg.fused_core else None
+        core = self.core_scan(ctrl)
         deters, stochs, logps = [], [], []
         for t in range(H):
-            deter = self.core(state, ctrl[:, t], w)
+            deter = core(state, t)
             all_logp = self.prior_logp(deter)  # (B, K, S, C)
             if K == 1:  # one head: nothing to choose (and no random draw spent on it)
                 logp = all_logp[:, 0]  # (B, S, C)
