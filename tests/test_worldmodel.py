@@ -268,11 +268,17 @@ def test_the_scans_precomputed_terms_give_the_reference_numbers(shape):
     with torch.no_grad():
         a, _ = m.observe(seq, sample=False)
         b, _ = ref.observe(seq, sample=False)
-        r = m.rssm
-        direct = r._logp(r.obs_logit(r.obs_net(torch.cat([a.state.deter, m._tokens(seq)], -1))))
+        direct = m.rssm.post_logp(a.state.deter, m._tokens(seq))
         moved, _ = m.observe(make_seq(t=9, seed=1), sample=False)
+        whole, _ = m.observe(make_seq(t=9), sample=False)  # no reset in mid-sequence
+        tail = make_seq(t=9)
+        tail.prev_action[1, 4] = tail.prev_input[1, 4] = 0.0  # what a reset zeroes
+        fresh, _ = m.observe(SimpleNamespace(**{k: v[1:2, 4:] for k, v in vars(tail).items()}), sample=False)
     assert torch.allclose(a.state.deter, b.state.deter, atol=1e-5)
     assert torch.allclose(a.post_logp, direct, atol=1e-5)
+    # the reset at [1, 4] restarts sequence 1 there and leaves the others alone (both paths share it)
+    assert torch.allclose(a.state.deter[[0, 2]], whole.state.deter[[0, 2]], atol=1e-6)
+    assert torch.allclose(a.state.deter[1, 4:], fresh.state.deter[0], atol=1e-5)
     assert not torch.allclose(a.state.deter, moved.state.deter, atol=1e-3)  # the comparison can fail
     torch.manual_seed(5)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -190,7 +190,9 @@ class RSSM(nn.Module):
         else:
             x = torch.cat([x, term.to(x.dtype)], -1)  # (B, 3*hidden)
             y = rearrange(torch.cat([h_g.transpose(0, 1), x[:, None].expand(B, G, -1)], -1), "b g f -> b (g f)")
-        gates = torch.baddbmm(w["gates_b"], y.view(B, G, -1).transpose(0, 1), self.gates.weight)  # (G, B, 3*d)
+        # + the fp32 bias, not baddbmm: under bf16 autocast the gates and their nonlinearities stay
+        # in fp32 as in the reference (baddbmm returned bf16 gates: 1.5x the state's bf16 error)
+        gates = torch.bmm(y.view(B, G, -1).transpose(0, 1), self.gates.weight) + w["gates_b"]  # (G, B, 3*d)
         reset, cand, update = gates.chunk(3, -1)  # (G, B, d) each: per block [reset, cand, update]
         cand = torch.tanh(torch.sigmoid(reset) * cand)
         h_new = torch.lerp(h_g, cand.to(h_g.dtype), torch.sigmoid(update).to(h_g.dtype))  # u*cand + (1-u)*h
@@ -203,8 +205,9 @@ class RSSM(nn.Module):
         return torch.stack([self._logp(lin(net(deter))) for net, lin in zip(self.img_nets, self.img_logits)], -3)
 
     def post_logp(self, deter: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Posterior log-probs (..., S, C) of one step; a scan should use `post_scan`."""
-        return self.post_scan(tokens[:, None])(deter, 0)
+        """Posterior log-probs (..., S, C) from h (..., deter) and tokens (..., F); `post_scan` is its
+        rewrite for a scan (tests/test_worldmodel.py ties them)."""
+        return self._logp(self.obs_logit(self.obs_net(torch.cat([deter, tokens], -1))))
 
     def post_scan(self, tokens: torch.Tensor):
         """The posterior for a scan over tokens (B, T, F): returns step(h_t, t) -> log q(z_t) (B, S, C).
