@@ -283,14 +283,11 @@ def _soft_observe(model, seq, tokens: torch.Tensor | None = None):
     ctrl = torch.cat([seq.prev_action, seq.prev_input], -1).float()  # (n, L, U)
     first = seq.is_first.bool()
     state = rssm.initial(tokens.shape[0], tokens.device)
-    ctrl, keep, reset_at = rssm.resets(ctrl, first)
-    core, post = rssm.core_scan(ctrl), rssm.post_scan(tokens)
+    step = rssm.filter_scan(tokens, ctrl, first)
     deters, stochs = [], []
     for t in range(tokens.shape[1]):
-        if reset_at[t]:
-            state = rssm.reset_state(state, keep[:, t])
-        deter = core(state, t)
-        state = State(deter, post(deter, t).exp())
+        deter, logp = step(state, t)
+        state = State(deter, logp.exp())
         deters.append(deter)
         stochs.append(state.stoch)
     return State(torch.stack(deters, 1), torch.stack(stochs, 1))

@@ -217,30 +217,36 @@ class RSSM(nn.Module):
         d = self.cfg.deter
         w_h = first.weight[:, :d].t()  # (deter, out)
         tok = F.linear(tokens, first.weight[:, d:], first.bias).unbind(1)  # T x (B, out), see core_scan
+        rest = list(self.obs_net)[1:]  # the layers after the first
 
         def step(deter: torch.Tensor, t: int) -> torch.Tensor:
             x = torch.addmm(tok[t], deter, w_h)  # (B, out)
             if not len(self.obs_net):
                 return self._logp(x)
             x = self.obs_net[0][2](self.obs_net[0][1](x))  # RMSNorm, SiLU
-            for layer in list(self.obs_net)[1:]:
+            for layer in rest:
                 x = layer(x)
             return self._logp(self.obs_logit(x))
 
         return step
 
-    @staticmethod
-    def resets(ctrl: torch.Tensor, is_first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
-        """Where is_first (B, T) is set, h, z *and the previous control* restart from zero: returns the
-        controls zeroed there (B, T, U), the keep mask (B, T) and which steps reset any sequence (a
-        scan multiplies the state by the mask at those steps only, `reset_state`)."""
+    def filter_scan(self, tokens: torch.Tensor, ctrl: torch.Tensor, is_first: torch.Tensor):
+        """One filtering step for a scan over tokens (B, T, F), previous controls (B, T, U) and
+        is_first (B, T): returns step(state, t) -> (h_t (B, deter), log q(z_t) (B, S, C)). Where
+        is_first is set, h, z *and the previous control* restart from zero: the controls are zeroed
+        once for every step, the state only at steps where some sequence resets."""
         keep = (~is_first).to(ctrl.dtype)  # (B, T)
-        return ctrl * keep[..., None], keep, is_first.any(0).tolist()
+        reset_at = is_first.any(0).tolist()
+        core, post = self.core_scan(ctrl * keep[..., None]), self.post_scan(tokens)
 
-    @staticmethod
-    def reset_state(state: State, keep: torch.Tensor) -> State:
-        """Zero h and z where keep (B,) is 0."""
-        return State(state.deter * keep[:, None], state.stoch * keep[:, None, None])
+        def step(state: State, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if reset_at[t]:
+                k = keep[:, t]  # (B,)
+                state = State(state.deter * k[:, None], state.stoch * k[:, None, None])
+            deter = core(state, t)  # (B, deter)
+            return deter, post(deter, t)
+
+        return step
 
     # ------------------------------------------------------------------ scans
     def observe(
@@ -257,15 +263,11 @@ class RSSM(nn.Module):
             f"observe: tokens {tuple(tokens.shape)}, ctrl {tuple(ctrl.shape)}, is_first {tuple(is_first.shape)}"
         )
         state = state if state is not None else self.initial(B, tokens.device)
-        ctrl, keep, reset_at = self.resets(ctrl, is_first)
-        core, post = self.core_scan(ctrl), self.post_scan(tokens)
+        step = self.filter_scan(tokens, ctrl, is_first)
         noise = gumbel_noise((B, T, self.cfg.stoch, self.cfg.classes), tokens.device) if sample else None
         deters, stochs, posts = [], [], []
         for t in range(T):
-            if reset_at[t]:
-                state = self.reset_state(state, keep[:, t])
-            deter = core(state, t)  # (B, deter)
-            logp = post(deter, t)  # (B, S, C)
+            deter, logp = step(state, t)  # (B, deter), (B, S, C)
             state = State(deter, straight_through_sample(logp, sample, None if noise is None else noise[:, t]))
             deters.append(deter)
             stochs.append(state.stoch)
